@@ -1,0 +1,8 @@
+//! flux-plunger's domain, shared by the controller, the drain sidecar and the
+//! pre-delete sweeper. Decisions are pure functions of what was read; the
+//! modules that talk to the apiserver only carry them out.
+#![forbid(unsafe_code)]
+
+pub mod names;
+pub mod release;
+pub mod timings;

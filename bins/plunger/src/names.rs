@@ -1,0 +1,61 @@
+//! The fixed names of SPEC §1. They are kept identical to the original Go
+//! flux-plunger so that this one is a drop-in replacement: an older install's
+//! fences, annotations and managedFields entries are read the same way.
+
+/// API group of Flux's HelmRelease.
+pub const HELMRELEASE_GROUP: &str = "helm.toolkit.fluxcd.io";
+/// API version of the HelmRelease we act on.
+pub const HELMRELEASE_VERSION: &str = "v2";
+/// `apiVersion` as written in a request body.
+pub const HELMRELEASE_API_VERSION: &str = "helm.toolkit.fluxcd.io/v2";
+/// Kind of the object we act on.
+pub const HELMRELEASE_KIND: &str = "HelmRelease";
+/// Resource (plural) name of the HelmRelease.
+pub const HELMRELEASE_PLURAL: &str = "helmreleases";
+
+/// Our finalizer: it keeps a deleted HelmRelease until helm-controller has
+/// handled the unsuspended generation, so its uninstall cannot be skipped.
+pub const FENCE_FINALIZER: &str = "flux-plunger.cozystack.io/uninstall-fence";
+/// helm-controller's own finalizer; its removal means helm-controller has
+/// finished handling the delete.
+pub const HELM_CONTROLLER_FINALIZER: &str = "finalizers.fluxcd.io";
+/// The newest storage revision we reclaimed, as a decimal string.
+pub const PROCESSED_VERSION_ANNOTATION: &str = "flux-plunger.cozystack.io/last-processed-version";
+
+/// The server-side-apply field manager whose `Apply` ownership of
+/// `spec.suspend` is, by definition, our suspension.
+pub const FIELD_MANAGER: &str = "flux-plunger";
+/// A manager shared by several writers (migrations, operators' `kubectl
+/// apply`): a suspension under it is never ours. We write the annotation under
+/// it so that the annotation never makes a suspension look like ours.
+pub const SHARED_FIELD_MANAGER: &str = "flux-client-side-apply";
+
+/// Type of Helm's release storage Secrets.
+pub const HELM_STORAGE_SECRET_TYPE: &str = "helm.sh/release.v1";
+/// Label every Helm storage Secret carries with value `helm`.
+pub const HELM_STORAGE_OWNER_LABEL: &str = "owner";
+/// Label that names the release a storage Secret belongs to.
+pub const HELM_STORAGE_NAME_LABEL: &str = "name";
+/// Label with the revision number of a storage Secret.
+pub const HELM_STORAGE_VERSION_LABEL: &str = "version";
+/// Label with the release status of a storage revision.
+pub const HELM_STORAGE_STATUS_LABEL: &str = "status";
+
+/// The condition type and the message that mark a stuck release.
+pub const READY_CONDITION: &str = "Ready";
+pub const STUCK_MESSAGE: &str = "has no deployed releases";
+
+/// Event reasons (SPEC §1).
+pub mod reasons {
+    pub const SUSPENSION_NOT_OWNED: &str = "SuspensionNotOwned";
+    pub const RECOVERY_DEFERRED: &str = "RecoveryDeferred";
+    pub const UNSUSPEND_FAILED: &str = "UnsuspendFailed";
+    pub const TERMINATING_WHILE_SUSPENDED: &str = "TerminatingWhileSuspended";
+    pub const UNINSTALL_FENCE_HELD: &str = "UninstallFenceHeld";
+    pub const RECOVERED: &str = "Recovered";
+}
+
+/// The name Helm gives the storage Secret of `release` at `revision`.
+pub fn storage_secret_name(release: &str, revision: u64) -> String {
+    format!("sh.helm.release.v1.{release}.v{revision}")
+}

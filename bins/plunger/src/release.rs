@@ -1,0 +1,270 @@
+//! A typed, lenient view of the HelmRelease fields flux-plunger decides on.
+//!
+//! The view is built from a `DynamicObject` field by field: a malformed field
+//! (a status written by a buggy tool, an unknown condition shape) becomes
+//! "absent" and is reported in [`ReleaseView::malformed`], instead of failing
+//! the whole object. An absent field can only make us do less: the release is
+//! then not stuck, or not ours.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry;
+use kube::api::DynamicObject;
+use serde_json::Value;
+
+use crate::names::{
+    FENCE_FINALIZER, FIELD_MANAGER, HELM_CONTROLLER_FINALIZER, PROCESSED_VERSION_ANNOTATION,
+    READY_CONDITION, STUCK_MESSAGE,
+};
+
+/// The processed-revision annotation as read from a release (SPEC §4.7).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ProcessedVersion {
+    Absent,
+    Revision(u64),
+    /// Present but not a decimal revision; recovery carries on (SPEC §4.7).
+    Unparsable(String),
+}
+
+/// What we know about a HelmRelease, as read from the apiserver.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct ReleaseView {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+    pub resource_version: String,
+    pub generation: Option<i64>,
+    pub terminating: bool,
+    pub finalizers: Vec<String>,
+    pub annotations: BTreeMap<String, String>,
+    pub managed_fields: Vec<ManagedFieldsEntry>,
+    /// `spec.suspend`; absent counts as `false`, as helm-controller reads it.
+    pub suspend: bool,
+    pub spec_release_name: Option<String>,
+    pub spec_target_namespace: Option<String>,
+    pub spec_storage_namespace: Option<String>,
+    pub has_kube_config: bool,
+    pub ready: Option<ReadyCondition>,
+    pub observed_generation: Option<i64>,
+    pub status_storage_namespace: Option<String>,
+    pub status_latest_history_name: Option<String>,
+    /// Fields that were present but could not be read, for a log line.
+    pub malformed: Vec<&'static str>,
+}
+
+/// The `Ready` condition, as far as the stuck check needs it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReadyCondition {
+    pub status: String,
+    pub message: String,
+}
+
+impl ReleaseView {
+    /// Builds the view of a HelmRelease read from the apiserver.
+    pub fn from_object(obj: &DynamicObject) -> Self {
+        let meta = &obj.metadata;
+        let mut malformed = Vec::new();
+        let spec = obj.data.get("spec");
+        let status = obj.data.get("status");
+
+        let suspend = match spec.and_then(|s| s.get("suspend")) {
+            None | Some(Value::Null) => false,
+            Some(Value::Bool(b)) => *b,
+            Some(_) => {
+                malformed.push("spec.suspend");
+                false
+            }
+        };
+        let ready = match status.and_then(|s| s.get("conditions")) {
+            None | Some(Value::Null) => None,
+            Some(Value::Array(conditions)) => ready_condition(conditions),
+            Some(_) => {
+                malformed.push("status.conditions");
+                None
+            }
+        };
+        let observed_generation = match status.and_then(|s| s.get("observedGeneration")) {
+            None | Some(Value::Null) => None,
+            Some(v) => v.as_i64().or_else(|| {
+                malformed.push("status.observedGeneration");
+                None
+            }),
+        };
+        let status_latest_history_name = match status.and_then(|s| s.get("history")) {
+            None | Some(Value::Null) => None,
+            Some(Value::Array(history)) => history
+                .first()
+                .and_then(|h| h.get("name"))
+                .and_then(Value::as_str)
+                .filter(|n| !n.is_empty())
+                .map(str::to_owned),
+            Some(_) => {
+                malformed.push("status.history");
+                None
+            }
+        };
+
+        Self {
+            namespace: meta.namespace.clone().unwrap_or_default(),
+            name: meta.name.clone().unwrap_or_default(),
+            uid: meta.uid.clone().unwrap_or_default(),
+            resource_version: meta.resource_version.clone().unwrap_or_default(),
+            generation: meta.generation,
+            terminating: meta.deletion_timestamp.is_some(),
+            finalizers: meta.finalizers.clone().unwrap_or_default(),
+            annotations: meta.annotations.clone().unwrap_or_default(),
+            managed_fields: meta.managed_fields.clone().unwrap_or_default(),
+            suspend,
+            spec_release_name: non_empty_str(spec, "releaseName"),
+            spec_target_namespace: non_empty_str(spec, "targetNamespace"),
+            spec_storage_namespace: non_empty_str(spec, "storageNamespace"),
+            has_kube_config: spec
+                .and_then(|s| s.get("kubeConfig"))
+                .is_some_and(|k| !k.is_null()),
+            ready,
+            observed_generation,
+            status_storage_namespace: non_empty_str(status, "storageNamespace"),
+            status_latest_history_name,
+            malformed,
+        }
+    }
+
+    /// `namespace/name`, for logs and reports.
+    pub fn key(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+
+    /// SPEC §1: `Ready=False` with a message containing `has no deployed releases`.
+    pub fn is_stuck(&self) -> bool {
+        self.ready
+            .as_ref()
+            .is_some_and(|c| c.status == "False" && c.message.contains(STUCK_MESSAGE))
+    }
+
+    /// SPEC §2: the suspension is ours only if an `Apply` entry of our manager
+    /// owns `f:spec.f:suspend`. Shared ownership still counts.
+    pub fn suspend_owned_by_us(&self) -> bool {
+        self.managed_fields
+            .iter()
+            .any(|entry| entry_owns_suspend(entry, FIELD_MANAGER))
+    }
+
+    /// A suspension is in force and it is ours.
+    pub fn suspended_by_us(&self) -> bool {
+        self.suspend && self.suspend_owned_by_us()
+    }
+
+    /// SPEC §8: we hold the suspension alone, no other manager co-owns it.
+    pub fn suspend_owned_by_us_alone(&self) -> bool {
+        self.suspend_owned_by_us()
+            && !self.managed_fields.iter().any(|entry| {
+                !(entry.manager.as_deref() == Some(FIELD_MANAGER)
+                    && entry.operation.as_deref() == Some("Apply"))
+                    && owns_suspend(entry)
+            })
+    }
+
+    pub fn has_fence(&self) -> bool {
+        self.finalizers.iter().any(|f| f == FENCE_FINALIZER)
+    }
+
+    /// Positions of our fence in `metadata.finalizers` (it may appear twice).
+    pub fn fence_indices(&self) -> Vec<usize> {
+        self.finalizers
+            .iter()
+            .enumerate()
+            .filter(|(_, f)| *f == FENCE_FINALIZER)
+            .map(|(i, _)| i)
+            .collect()
+    }
+
+    pub fn has_helm_controller_finalizer(&self) -> bool {
+        self.finalizers
+            .iter()
+            .any(|f| f == HELM_CONTROLLER_FINALIZER)
+    }
+
+    /// SPEC §5d: helm-controller has finished with the delete: its finalizer
+    /// is gone and it has observed the current (unsuspended) generation.
+    pub fn uninstall_reached(&self) -> bool {
+        !self.has_helm_controller_finalizer()
+            && self.generation.is_some()
+            && self.observed_generation == self.generation
+    }
+
+    pub fn carries_processed_annotation(&self) -> bool {
+        self.annotations.contains_key(PROCESSED_VERSION_ANNOTATION)
+    }
+
+    pub fn processed_version(&self) -> ProcessedVersion {
+        match self.annotations.get(PROCESSED_VERSION_ANNOTATION) {
+            None => ProcessedVersion::Absent,
+            Some(text) => match text.parse::<u64>() {
+                Ok(n) => ProcessedVersion::Revision(n),
+                Err(_) => ProcessedVersion::Unparsable(text.clone()),
+            },
+        }
+    }
+}
+
+fn entry_owns_suspend(entry: &ManagedFieldsEntry, manager: &str) -> bool {
+    entry.manager.as_deref() == Some(manager)
+        && entry.operation.as_deref() == Some("Apply")
+        && owns_suspend(entry)
+}
+
+fn owns_suspend(entry: &ManagedFieldsEntry) -> bool {
+    entry
+        .fields_v1
+        .as_ref()
+        .and_then(|f| f.0.get("f:spec"))
+        .and_then(|spec| spec.get("f:suspend"))
+        .is_some()
+}
+
+fn ready_condition(conditions: &[Value]) -> Option<ReadyCondition> {
+    conditions
+        .iter()
+        .find(|c| c.get("type").and_then(Value::as_str) == Some(READY_CONDITION))
+        .map(|c| ReadyCondition {
+            status: c
+                .get("status")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_owned(),
+            message: c
+                .get("message")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_owned(),
+        })
+}
+
+fn non_empty_str(parent: Option<&Value>, key: &str) -> Option<String> {
+    parent
+        .and_then(|p| p.get(key))
+        .and_then(Value::as_str)
+        .filter(|s| !s.is_empty())
+        .map(str::to_owned)
+}
+
+/// The API resource of Flux's HelmRelease, for dynamic clients.
+pub fn helmrelease_resource() -> kube::api::ApiResource {
+    kube::api::ApiResource {
+        group: crate::names::HELMRELEASE_GROUP.to_owned(),
+        version: crate::names::HELMRELEASE_VERSION.to_owned(),
+        api_version: crate::names::HELMRELEASE_API_VERSION.to_owned(),
+        kind: crate::names::HELMRELEASE_KIND.to_owned(),
+        plural: crate::names::HELMRELEASE_PLURAL.to_owned(),
+    }
+}
+
+/// HelmReleases of one namespace.
+pub fn helmreleases(client: kube::Client, namespace: &str) -> kube::Api<DynamicObject> {
+    kube::Api::namespaced_with(client, namespace, &helmrelease_resource())
+}
+
+/// HelmReleases of every namespace.
+pub fn all_helmreleases(client: kube::Client) -> kube::Api<DynamicObject> {
+    kube::Api::all_with(client, &helmrelease_resource())
+}

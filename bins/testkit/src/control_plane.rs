@@ -1,0 +1,404 @@
+//! etcd + kube-apiserver on loopback, with RBAC authorization and
+//! service-account token signing, started once per test binary.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use base64::Engine;
+use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::core::v1::ServiceAccount;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Client, Config};
+
+use crate::certs::Pki;
+use crate::process::Supervised;
+
+/// How long the control plane may take to come up: CI machines are slow and
+/// the apiserver starts beside other test binaries.
+pub const START_TIMEOUT: Duration = Duration::from_secs(180);
+
+/// The running control plane of this test process.
+pub struct ControlPlane {
+    /// The apiserver's URL, `https://127.0.0.1:PORT`.
+    pub server: String,
+    /// A kubeconfig file for the admin identity (`system:masters`).
+    pub kubeconfig_path: PathBuf,
+    /// The directory holding certificates, data and logs; removed at exit.
+    pub dir: PathBuf,
+    pki: Pki,
+    servers: Mutex<Vec<Supervised>>,
+}
+
+// A failed start is kept too, so the other tests of the binary fail at once
+// with the same message instead of each waiting for a start of its own.
+static CONTROL_PLANE: OnceLock<Result<ControlPlane, String>> = OnceLock::new();
+
+/// The control plane of this test process, started on first use.
+///
+/// Safe to call from inside a tokio runtime: the start runs on its own thread.
+pub fn control_plane() -> &'static ControlPlane {
+    let started = CONTROL_PLANE.get_or_init(|| {
+        std::thread::spawn(ControlPlane::start)
+            .join()
+            .map_err(|_| "the control plane start thread panicked".to_owned())?
+            .map_err(|e| format!("{e:#}"))
+    });
+    match started {
+        Ok(plane) => plane,
+        Err(e) => panic!("the local control plane did not start: {e}"),
+    }
+}
+
+/// Where `make tools` put the binaries and CRDs: `$FLUX_PLUNGER_OUT` or
+/// `_out/` at the workspace root.
+pub fn out_dir() -> PathBuf {
+    std::env::var_os("FLUX_PLUNGER_OUT")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("_out"))
+}
+
+/// The workspace root (two levels above this crate).
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .ancestors()
+        .nth(2)
+        .expect("testkit lives at bins/testkit")
+        .to_path_buf()
+}
+
+/// A tool built by `make tools`, or an error that says to build it.
+pub fn tool(name: &str) -> Result<PathBuf> {
+    let path = out_dir().join("bin").join(name);
+    if !path.is_file() {
+        bail!(
+            "{} is missing: run `make tools` first (it builds the pinned tools into _out/)",
+            path.display()
+        );
+    }
+    Ok(path)
+}
+
+fn free_port() -> Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+fn wait_for_port(port: u16, server: &mut Supervised, deadline: Instant) -> Result<()> {
+    while Instant::now() < deadline {
+        if !server.is_running() {
+            bail!("{} exited during start", server.name);
+        }
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    bail!("{} did not listen on port {port} in time", server.name)
+}
+
+fn tail(path: &Path, lines: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+impl ControlPlane {
+    fn start() -> Result<Self> {
+        let started = Instant::now();
+        let deadline = started + START_TIMEOUT;
+        let etcd_bin = tool("etcd")?;
+        let apiserver_bin = tool("kube-apiserver")?;
+        let crd_dir = out_dir().join("crds");
+
+        let dir = tempfile::Builder::new()
+            .prefix("flux-plunger-cp-")
+            .tempdir()?
+            .keep();
+        let pki = Pki::generate(&dir.join("pki"))?;
+
+        let etcd_port = free_port()?;
+        let etcd_peer_port = free_port()?;
+        let etcd_url = format!("http://127.0.0.1:{etcd_port}");
+        let peer_url = format!("http://127.0.0.1:{etcd_peer_port}");
+        let etcd_args = vec![
+            "--name=test".to_owned(),
+            format!("--data-dir={}", dir.join("etcd").display()),
+            format!("--listen-client-urls={etcd_url}"),
+            format!("--advertise-client-urls={etcd_url}"),
+            format!("--listen-peer-urls={peer_url}"),
+            format!("--initial-advertise-peer-urls={peer_url}"),
+            format!("--initial-cluster=test={peer_url}"),
+            // Test data is thrown away: skip fsync, it is most of etcd's latency.
+            "--unsafe-no-fsync=true".to_owned(),
+            "--log-level=warn".to_owned(),
+        ];
+        // etcd's supervisor removes the whole directory once etcd has stopped.
+        let mut etcd = Supervised::spawn(
+            "etcd",
+            &etcd_bin,
+            &etcd_args,
+            &dir.join("etcd.log"),
+            Some(&dir),
+        )?;
+        wait_for_port(etcd_port, &mut etcd, deadline)
+            .with_context(|| format!("etcd log:\n{}", tail(&dir.join("etcd.log"), 20)))?;
+
+        let port = free_port()?;
+        let sa_key = pki.service_account_key.display().to_string();
+        let sa_public_key = pki.service_account_public_key.display().to_string();
+        let apiserver_args = vec![
+            format!("--etcd-servers={etcd_url}"),
+            "--bind-address=127.0.0.1".to_owned(),
+            "--advertise-address=127.0.0.1".to_owned(),
+            format!("--secure-port={port}"),
+            format!("--cert-dir={}", dir.join("apiserver-certs").display()),
+            format!("--tls-cert-file={}", pki.serving_cert.display()),
+            format!("--tls-private-key-file={}", pki.serving_key.display()),
+            format!("--client-ca-file={}", pki.ca_cert.display()),
+            // RBAC for real, so least-privilege tests mean something.
+            "--authorization-mode=RBAC".to_owned(),
+            format!("--service-account-key-file={sa_public_key}"),
+            format!("--service-account-signing-key-file={sa_key}"),
+            "--service-account-issuer=https://kubernetes.default.svc".to_owned(),
+            "--api-audiences=https://kubernetes.default.svc".to_owned(),
+            "--service-cluster-ip-range=10.96.0.0/16".to_owned(),
+            // No controller-manager runs here, so no namespace gets its default
+            // ServiceAccount: the admission plugin would refuse every pod.
+            "--disable-admission-plugins=ServiceAccount".to_owned(),
+            "--allow-privileged=true".to_owned(),
+            "--enable-priority-and-fairness=false".to_owned(),
+            "--profiling=false".to_owned(),
+            format!("--audit-log-path={}", dir.join("audit.log").display()),
+            format!(
+                "--audit-policy-file={}",
+                write_audit_policy(&dir)?.display()
+            ),
+            "--audit-log-maxsize=1000".to_owned(),
+            "--v=0".to_owned(),
+        ];
+        let apiserver_log = dir.join("kube-apiserver.log");
+        let mut apiserver = Supervised::spawn(
+            "kube-apiserver",
+            &apiserver_bin,
+            &apiserver_args,
+            &apiserver_log,
+            None,
+        )?;
+        let server = format!("https://127.0.0.1:{port}");
+        let kubeconfig_path = dir.join("admin.kubeconfig");
+        let plane = Self {
+            server,
+            kubeconfig_path,
+            dir: dir.clone(),
+            pki,
+            servers: Mutex::new(Vec::new()),
+        };
+        std::fs::write(
+            &plane.kubeconfig_path,
+            plane.kubeconfig_yaml(&AuthInfo::AdminCertificate),
+        )?;
+        let ready = wait_for_port(port, &mut apiserver, deadline).and_then(|()| {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            runtime.block_on(async {
+                let client = plane.client().await?;
+                wait_ready(&client, &mut apiserver, deadline).await?;
+                install_crds(&client, &crd_dir, deadline).await
+            })
+        });
+        if let Err(e) = ready {
+            return Err(e.context(format!("kube-apiserver log:\n{}", tail(&apiserver_log, 30))));
+        }
+        eprintln!(
+            "testkit: local control plane ready at {} in {:.1}s (kubeconfig {})",
+            plane.server,
+            started.elapsed().as_secs_f64(),
+            plane.kubeconfig_path.display()
+        );
+        plane.servers.lock().unwrap().extend([etcd, apiserver]);
+        Ok(plane)
+    }
+
+    /// An admin client (`system:masters`), new for the calling runtime.
+    pub async fn client(&self) -> Result<Client> {
+        client_from_yaml(&self.kubeconfig_yaml(&AuthInfo::AdminCertificate)).await
+    }
+
+    /// The apiserver's audit log: one JSON event per line.
+    pub fn audit_log(&self) -> PathBuf {
+        self.dir.join("audit.log")
+    }
+
+    /// A kubeconfig document for the given identity.
+    pub fn kubeconfig_yaml(&self, auth: &AuthInfo) -> String {
+        let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+        let user = match auth {
+            AuthInfo::AdminCertificate => format!(
+                "    client-certificate-data: {}\n    client-key-data: {}\n",
+                b64(&self.pki.admin_cert_pem),
+                b64(&self.pki.admin_key_pem)
+            ),
+            AuthInfo::Token(token) => format!("    token: {token}\n"),
+        };
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: local\n  cluster:\n    server: {}\n    certificate-authority-data: {}\ncontexts:\n- name: local\n  context:\n    cluster: local\n    user: user\n    namespace: default\ncurrent-context: local\nusers:\n- name: user\n  user:\n{user}",
+            self.server,
+            b64(&self.pki.ca_cert_pem)
+        )
+    }
+
+    /// Writes a kubeconfig file for `auth` at `path`, for a process (one of
+    /// our binaries, helm, kubectl) to use.
+    pub fn write_kubeconfig(&self, path: &Path, auth: &AuthInfo) -> Result<()> {
+        std::fs::write(path, self.kubeconfig_yaml(auth))?;
+        Ok(())
+    }
+
+    /// A bearer token for `namespace/service_account` (created if missing),
+    /// so a test can act with exactly the RBAC granted to it.
+    pub async fn service_account_token(
+        &self,
+        admin: &Client,
+        namespace: &str,
+        service_account: &str,
+    ) -> Result<String> {
+        let accounts: Api<ServiceAccount> = Api::namespaced(admin.clone(), namespace);
+        let account = ServiceAccount {
+            metadata: ObjectMeta {
+                name: Some(service_account.to_owned()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        match accounts.create(&PostParams::default(), &account).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 409 => {}
+            Err(e) => return Err(e.into()),
+        }
+        let request = TokenRequest {
+            spec: TokenRequestSpec {
+                audiences: vec!["https://kubernetes.default.svc".to_owned()],
+                expiration_seconds: Some(3600),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let response = accounts
+            .create_token_request(service_account, &PostParams::default(), &request)
+            .await?;
+        Ok(response
+            .status
+            .context("TokenRequest returned no status")?
+            .token)
+    }
+
+    /// A client acting as `namespace/service_account`.
+    pub async fn service_account_client(
+        &self,
+        admin: &Client,
+        namespace: &str,
+        service_account: &str,
+    ) -> Result<Client> {
+        let token = self
+            .service_account_token(admin, namespace, service_account)
+            .await?;
+        client_from_yaml(&self.kubeconfig_yaml(&AuthInfo::Token(token))).await
+    }
+}
+
+/// Who a kubeconfig authenticates as.
+pub enum AuthInfo {
+    AdminCertificate,
+    Token(String),
+}
+
+async fn client_from_yaml(yaml: &str) -> Result<Client> {
+    let kubeconfig = Kubeconfig::from_yaml(yaml)?;
+    let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?;
+    Ok(Client::try_from(config)?)
+}
+
+fn write_audit_policy(dir: &Path) -> Result<PathBuf> {
+    let path = dir.join("audit-policy.yaml");
+    // Metadata for every request: who did what to which object, enough to
+    // count requests by verb and to prove who wrote when.
+    std::fs::write(
+        &path,
+        "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules:\n- level: Metadata\n",
+    )?;
+    Ok(path)
+}
+
+async fn wait_ready(client: &Client, apiserver: &mut Supervised, deadline: Instant) -> Result<()> {
+    loop {
+        let request = http::Request::get("/readyz").body(Vec::new())?;
+        match client.request_text(request).await {
+            Ok(body) if body.trim() == "ok" => return Ok(()),
+            _ if Instant::now() > deadline => bail!("kube-apiserver was not ready in time"),
+            _ if !apiserver.is_running() => bail!("kube-apiserver exited during start"),
+            _ => tokio::time::sleep(Duration::from_millis(250)).await,
+        }
+    }
+}
+
+async fn install_crds(client: &Client, dir: &Path, deadline: Instant) -> Result<()> {
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let mut names = Vec::new();
+    let mut entries: Vec<_> = std::fs::read_dir(dir)
+        .with_context(|| format!("{} is missing: run `make tools`", dir.display()))?
+        .collect::<Result<_, _>>()?;
+    entries.sort_by_key(|e| e.path());
+    for entry in entries {
+        let path = entry.path();
+        if path.extension().and_then(|e| e.to_str()) != Some("yaml") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path)?;
+        for doc in serde_yaml::Deserializer::from_str(&text) {
+            let value = serde_yaml::Value::deserialize(doc)?;
+            if value.is_null() {
+                continue;
+            }
+            let crd: CustomResourceDefinition = serde_yaml::from_value(value)
+                .with_context(|| format!("parsing {}", path.display()))?;
+            let name = crd.metadata.name.clone().context("CRD without a name")?;
+            crds.patch(
+                &name,
+                &PatchParams::apply("testkit").force(),
+                &Patch::Apply(&crd),
+            )
+            .await
+            .with_context(|| format!("installing CRD {name}"))?;
+            names.push(name);
+        }
+    }
+    if names.is_empty() {
+        bail!("no CRD found in {}: run `make tools`", dir.display());
+    }
+    for name in names {
+        loop {
+            let crd = crds.get(&name).await?;
+            let established = crd
+                .status
+                .and_then(|s| s.conditions)
+                .unwrap_or_default()
+                .iter()
+                .any(|c| c.type_ == "Established" && c.status == "True");
+            if established {
+                break;
+            }
+            if Instant::now() > deadline {
+                bail!("CRD {name} was not established in time");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    Ok(())
+}
+
+use serde::Deserialize;
