@@ -3,6 +3,7 @@
 //! modules that talk to the apiserver only carry them out.
 #![forbid(unsafe_code)]
 
+pub mod cli;
 pub mod names;
 pub mod release;
 pub mod timings;

@@ -1,0 +1,167 @@
+//! Flag groups shared by the three binaries, in Flux's style, flattened into
+//! each binary's own clap definition.
+
+use std::path::PathBuf;
+
+use clap::{Args, ValueEnum};
+
+use crate::timings::{GracePeriodError, Timings};
+
+/// How to reach the apiserver.
+#[derive(Args, Debug, Clone, Default)]
+pub struct KubeArgs {
+    /// Path to a kubeconfig file. Without it: $KUBECONFIG, the in-cluster
+    /// service account, then ~/.kube/config.
+    #[arg(long, value_name = "PATH")]
+    pub kubeconfig: Option<PathBuf>,
+}
+
+impl KubeArgs {
+    /// A client for the configured cluster.
+    pub async fn client(&self) -> anyhow::Result<kube::Client> {
+        use anyhow::Context;
+        let config = match &self.kubeconfig {
+            Some(path) => {
+                let kubeconfig = kube::config::Kubeconfig::read_from(path)
+                    .with_context(|| format!("--kubeconfig {}", path.display()))?;
+                kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+                    .await
+                    .with_context(|| format!("--kubeconfig {}", path.display()))?
+            }
+            None => kube::Config::infer().await.context(
+                "no usable cluster configuration (in-cluster, $KUBECONFIG or ~/.kube/config)",
+            )?,
+        };
+        Ok(kube::Client::try_from(config)?)
+    }
+}
+
+/// Log format, as Flux's controllers name it.
+#[derive(ValueEnum, Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum LogEncoding {
+    #[default]
+    Json,
+    Console,
+}
+
+/// Log level.
+#[derive(ValueEnum, Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum LogLevel {
+    Trace,
+    Debug,
+    #[default]
+    Info,
+    Warn,
+    Error,
+}
+
+/// Logging flags.
+#[derive(Args, Debug, Clone, Default)]
+pub struct LogArgs {
+    /// Log verbosity.
+    #[arg(long, value_enum, default_value_t = LogLevel::Info)]
+    pub log_level: LogLevel,
+    /// Log format: one JSON object a line, or human-readable text.
+    #[arg(long, value_enum, default_value_t = LogEncoding::Json)]
+    pub log_encoding: LogEncoding,
+}
+
+impl LogArgs {
+    /// Installs the global tracing subscriber (stderr).
+    pub fn init(&self) {
+        let level = match self.log_level {
+            LogLevel::Trace => "trace",
+            LogLevel::Debug => "debug",
+            LogLevel::Info => "info",
+            LogLevel::Warn => "warn",
+            LogLevel::Error => "error",
+        };
+        // Our crates at the chosen level; the libraries one step quieter.
+        let filter = tracing_subscriber::EnvFilter::try_new(format!(
+            "warn,plunger={level},flux_plunger={level},flux_plunger_drain={level},flux_plunger_sweep={level}"
+        ))
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        let builder = tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr);
+        // A second init (tests) is harmless: keep the first subscriber.
+        let _ = match self.log_encoding {
+            LogEncoding::Json => builder.json().flatten_event(true).try_init(),
+            LogEncoding::Console => builder.try_init(),
+        };
+    }
+}
+
+/// The Lease that keeps a single writer (SPEC §6).
+#[derive(Args, Debug, Clone)]
+pub struct LeaseArgs {
+    /// Namespace of the leader Lease (the chart's release namespace).
+    #[arg(long, env = "POD_NAMESPACE", value_name = "NAMESPACE")]
+    pub leader_election_namespace: Option<String>,
+    /// Name of the leader Lease.
+    #[arg(long, default_value = "flux-plunger", value_name = "NAME")]
+    pub leader_election_lease_name: String,
+    /// This pod's name, the Lease holder identity (the chart passes it
+    /// through the downward API); the hostname when unset.
+    #[arg(long, env = "POD_NAME", value_name = "NAME")]
+    pub pod_name: Option<String>,
+}
+
+impl LeaseArgs {
+    /// The holder identity: the pod name, else the hostname.
+    pub fn identity(&self) -> String {
+        self.pod_name
+            .clone()
+            .filter(|n| !n.is_empty())
+            .or_else(|| std::env::var("HOSTNAME").ok().filter(|h| !h.is_empty()))
+            .or_else(|| {
+                std::fs::read_to_string("/etc/hostname")
+                    .ok()
+                    .map(|h| h.trim().to_owned())
+            })
+            .unwrap_or_else(|| "flux-plunger".to_owned())
+    }
+}
+
+/// The one timing value (SPEC §7).
+#[derive(Args, Debug, Clone)]
+pub struct GraceArgs {
+    /// The pod's termination grace period in whole seconds, 40 to 140. Every
+    /// other timing (drain deadline, Lease, hook waits) derives from it.
+    #[arg(long, default_value = "90", value_parser = parse_timings, value_name = "SECONDS")]
+    pub shutdown_grace_period_seconds: Timings,
+}
+
+fn parse_timings(text: &str) -> Result<Timings, GracePeriodError> {
+    Timings::parse_grace_period(text)
+}
+
+/// Parses a listen address the way Flux's controllers accept it: `:8080`
+/// means every interface.
+pub fn parse_listen_addr(text: &str) -> Result<std::net::SocketAddr, String> {
+    let full = if text.starts_with(':') {
+        format!("0.0.0.0{text}")
+    } else {
+        text.to_owned()
+    };
+    full.parse()
+        .map_err(|_| format!("{text:?} is not a listen address (HOST:PORT or :PORT)"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bare_port_listens_on_every_interface() {
+        assert_eq!(
+            parse_listen_addr(":8080").unwrap().to_string(),
+            "0.0.0.0:8080"
+        );
+        assert_eq!(
+            parse_listen_addr("127.0.0.1:9").unwrap().to_string(),
+            "127.0.0.1:9"
+        );
+        assert!(parse_listen_addr("8080").unwrap_err().contains("\"8080\""));
+    }
+}
