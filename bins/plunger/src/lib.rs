@@ -3,7 +3,13 @@
 //! modules that talk to the apiserver only carry them out.
 #![forbid(unsafe_code)]
 
+pub mod apply;
 pub mod cli;
+pub mod decide;
+pub mod error;
+pub mod events;
 pub mod names;
+pub mod reconcile;
 pub mod release;
+pub mod storage;
 pub mod timings;
