@@ -24,6 +24,9 @@ export FLUX_PLUNGER_OUT := $(OUT)
 export PATH := $(BIN):$(PATH)
 
 CARGO_TEST := cargo test --workspace --locked
+# Every test tier appends its runner's output here; `make test` ends with one
+# line that sums them up ("N passed, N failed").
+TEST_LOG := $(OUT)/test-logs
 
 step = @printf '\n\033[1m>> %s\033[0m\n' "$(1)"
 
@@ -94,18 +97,25 @@ release: ## Build the three binaries (release, stripped).
 ##@ Test
 
 .PHONY: test
-test: lint tools test-unit test-envtest ## Run every test tier (what CI runs).
+test: test-log-reset lint tools test-unit test-envtest ## Run every test tier (what CI runs).
 	@echo ">> every test tier passed"
+	@hack/test-summary.sh $(TEST_LOG)
+
+.PHONY: test-log-reset
+test-log-reset:
+	@rm -rf $(TEST_LOG) && mkdir -p $(TEST_LOG)
 
 .PHONY: test-unit
 test-unit: ## Unit tests: pure, no control plane.
 	$(call step,unit tests)
-	$(CARGO_TEST) --lib --bins
+	@mkdir -p $(TEST_LOG)
+	$(CARGO_TEST) --lib --bins 2>&1 | tee $(TEST_LOG)/unit.log
 
 .PHONY: test-envtest
 test-envtest: tools ## Integration tests against the local control plane.
 	$(call step,integration tests against the local control plane)
-	$(CARGO_TEST) --tests --test '*'
+	@mkdir -p $(TEST_LOG)
+	$(CARGO_TEST) --test '*' 2>&1 | tee $(TEST_LOG)/envtest.log
 	@hack/check-no-leftovers.sh
 
 .PHONY: lint

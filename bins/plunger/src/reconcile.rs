@@ -50,10 +50,17 @@ pub enum Outcome {
 /// Points inside a recovery where a test can act (a delete, a foreign write).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Step {
+    /// The release was read fresh; the unforced acquire comes next.
+    BeforeAcquire,
+    /// The unforced acquire conflicted and the release was read again; the
+    /// forced acquire comes next.
+    BeforeForcedAcquire,
     /// The suspension and fence are held.
     Acquired,
     /// The annotation is written; the termination re-check comes next.
     Annotated,
+    /// A lift of our suspension or fence is about to be sent.
+    BeforeLift,
 }
 
 /// Test-only switches: a pause at each [`Step`], and the fence turned off so
@@ -199,6 +206,7 @@ impl Reconciler {
         } else {
             Claim::NOTHING
         };
+        self.pause_at_step(Step::BeforeLift).await;
         match self.write(release, claim).await {
             Ok(_) => {
                 tracing::info!(release = %release.key(), kept_fence = keep_fence, "lifted flux-plunger's suspension");
@@ -294,6 +302,7 @@ impl Reconciler {
             key: fresh.key(),
             source,
         };
+        self.pause_at_step(Step::BeforeAcquire).await;
         match apply::apply(&self.client, &fresh, claim, false).await {
             Ok(object) => return Ok(Some(self.view(&object))),
             Err(err) if is_api_code(&err, 409) => {}
@@ -305,6 +314,7 @@ impl Reconciler {
         if !may_take_suspension(&again) {
             return Ok(None);
         }
+        self.pause_at_step(Step::BeforeForcedAcquire).await;
         match apply::apply(&self.client, &again, claim, true).await {
             Ok(object) => Ok(Some(self.view(&object))),
             Err(err) if is_api_code(&err, 409) => Ok(None),

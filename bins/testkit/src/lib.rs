@@ -9,7 +9,9 @@
 pub mod certs;
 pub mod control_plane;
 pub mod fixtures;
+pub mod helm_controller;
 pub mod process;
 
 pub use control_plane::{ControlPlane, control_plane};
-pub use fixtures::TestNamespace;
+pub use fixtures::{Refusal, SeenEvent, TestNamespace, eventually};
+pub use helm_controller::{Handled, SimulatedHelmController};
