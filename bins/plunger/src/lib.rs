@@ -8,6 +8,7 @@ pub mod cli;
 pub mod decide;
 pub mod error;
 pub mod events;
+pub mod lease;
 pub mod names;
 pub mod reconcile;
 pub mod release;
