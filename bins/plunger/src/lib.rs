@@ -6,6 +6,7 @@
 pub mod apply;
 pub mod cli;
 pub mod decide;
+pub mod drain;
 pub mod error;
 pub mod events;
 pub mod lease;
