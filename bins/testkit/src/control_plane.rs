@@ -403,3 +403,21 @@ async fn install_crds(client: &Client, dir: &Path, deadline: Instant) -> Result<
 }
 
 use serde::Deserialize;
+
+/// A binary of this workspace, built beside the running test (`cargo test
+/// --workspace` builds every package's binaries).
+pub fn workspace_binary(name: &str) -> Result<PathBuf> {
+    let exe = std::env::current_exe()?;
+    let dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .context("the test binary is not in target/<profile>/deps")?;
+    let path = dir.join(name);
+    if !path.is_file() {
+        bail!(
+            "{} is missing: build it with `cargo build -p {name}` (make test does)",
+            path.display()
+        );
+    }
+    Ok(path)
+}
