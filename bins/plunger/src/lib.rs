@@ -14,4 +14,6 @@ pub mod names;
 pub mod reconcile;
 pub mod release;
 pub mod storage;
+pub mod sweep;
+pub mod test_hooks;
 pub mod timings;
