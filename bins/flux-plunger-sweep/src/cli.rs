@@ -16,6 +16,10 @@ pub struct Args {
     pub command: Option<Command>,
 }
 
+// Parsed once at start-up and never moved around: the size difference between
+// the variants (clippy::large_enum_variant, since Rust 1.95's clippy) costs
+// nothing worth a Box.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// The pre-delete hook (the default): stop flux-plunger, wait for its
