@@ -94,7 +94,7 @@ release: ## Build the three binaries (release, stripped).
 ##@ Test
 
 .PHONY: test
-test: lint tools test-unit test-envtest ## Run every test tier (what CI runs).
+test: lint tools test-unit test-envtest test-chart ## Run every test tier (what CI runs).
 	@echo ">> every test tier passed"
 
 .PHONY: test-unit
@@ -107,6 +107,27 @@ test-envtest: tools ## Integration tests against the local control plane.
 	$(call step,integration tests against the local control plane)
 	$(CARGO_TEST) --tests --test '*'
 	@hack/check-no-leftovers.sh
+
+# The chart's suites live in chart-tests/, beside the chart rather than inside
+# it (so they are never packaged); helm-unittest resolves -f relative to the chart.
+CHART := chart
+CHART_TESTS := chart-tests
+CHART_LINT_VALUES = $(wildcard $(CHART_TESTS)/values/*.yaml)
+
+.PHONY: test-chart
+test-chart: tools ## The chart: helm lint --strict, the helm-unittest suites in chart-tests/.
+	$(call step,chart: helm lint --strict with the default values)
+	helm lint --strict --kube-version $(K8S_VERSION) $(CHART)
+	$(call step,chart: helm lint --strict with each value set in $(CHART_TESTS)/values/)
+	for values in $(CHART_LINT_VALUES); do \
+	  echo "-- $$values"; helm lint --strict --kube-version $(K8S_VERSION) -f "$$values" $(CHART); \
+	done
+	$(call step,chart: helm-unittest suites in $(CHART_TESTS)/)
+	@# helm unittest passes when its glob matches nothing: make sure it does not.
+	@ls $(CHART_TESTS)/*_test.yaml $(CHART_TESTS)/without-schema/*_test.yaml >/dev/null
+	helm unittest --strict -f '../$(CHART_TESTS)/*_test.yaml' $(CHART)
+	$(call step,chart: helm-unittest suites in $(CHART_TESTS)/without-schema/ with --skip-schema-validation)
+	helm unittest --strict --skip-schema-validation -f '../$(CHART_TESTS)/without-schema/*_test.yaml' $(CHART)
 
 .PHONY: lint
 lint: ## cargo fmt --check and clippy with warnings denied.
