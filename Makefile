@@ -105,7 +105,7 @@ test-unit: ## Unit tests: pure, no control plane.
 .PHONY: test-envtest
 test-envtest: tools ## Integration tests against the local control plane.
 	$(call step,integration tests against the local control plane)
-	$(CARGO_TEST) --tests --test '*'
+	$(CARGO_TEST) --tests --test '*' --exclude chart-contract
 	@hack/check-no-leftovers.sh
 
 # The chart's suites live in chart-tests/, beside the chart rather than inside
@@ -115,7 +115,7 @@ CHART_TESTS := chart-tests
 CHART_LINT_VALUES = $(wildcard $(CHART_TESTS)/values/*.yaml)
 
 .PHONY: test-chart
-test-chart: tools ## The chart: helm lint --strict, the helm-unittest suites in chart-tests/.
+test-chart: tools ## The chart: helm lint --strict, helm-unittest (chart-tests/), contract and install tests (bins/chart-contract).
 	$(call step,chart: helm lint --strict with the default values)
 	helm lint --strict --kube-version $(K8S_VERSION) $(CHART)
 	$(call step,chart: helm lint --strict with each value set in $(CHART_TESTS)/values/)
@@ -128,6 +128,9 @@ test-chart: tools ## The chart: helm lint --strict, the helm-unittest suites in 
 	helm unittest --strict -f '../$(CHART_TESTS)/*_test.yaml' $(CHART)
 	$(call step,chart: helm-unittest suites in $(CHART_TESTS)/without-schema/ with --skip-schema-validation)
 	helm unittest --strict --skip-schema-validation -f '../$(CHART_TESTS)/without-schema/*_test.yaml' $(CHART)
+	$(call step,chart: contract tests (bins/chart-contract): the binaries' flags and timings against helm template; helm install into the local control plane)
+	cargo test --locked -p chart-contract --tests
+	@hack/check-no-leftovers.sh
 
 .PHONY: lint
 lint: ## cargo fmt --check and clippy with warnings denied.
