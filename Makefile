@@ -91,6 +91,20 @@ build: ## Build the three binaries (debug).
 release: ## Build the three binaries (release, stripped).
 	cargo build --locked --release -p flux-plunger -p flux-plunger-drain -p flux-plunger-sweep
 
+# The image the chart runs by default: repository and tag as in chart/.
+IMAGE ?= ghcr.io/flux-plunger/flux-plunger
+IMAGE_TAG ?= $(shell sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}$$/\1/p' chart/Chart.yaml)
+DOCKER ?= docker
+
+.PHONY: image
+image: ## Build the image (three static binaries, non-root, distroless) with Docker; needs a Docker engine.
+	$(call step,image $(IMAGE):$(IMAGE_TAG) from the Dockerfile)
+	@command -v $(DOCKER) >/dev/null 2>&1 || { \
+	  echo "make image: '$(DOCKER)' is not installed; building the image needs Docker with BuildKit. No image was built." >&2; exit 1; }
+	@$(DOCKER) info >/dev/null 2>&1 || { \
+	  echo "make image: '$(DOCKER)' cannot reach a Docker engine ('$(DOCKER) info' failed): start one, or point DOCKER_HOST at one. No image was built." >&2; exit 1; }
+	DOCKER_BUILDKIT=1 $(DOCKER) build --tag $(IMAGE):$(IMAGE_TAG) .
+
 ##@ Test
 
 .PHONY: test
