@@ -83,6 +83,7 @@ impl Sidecar {
 }
 
 async fn setup(prefix: &str) -> Result<(TestNamespace, SimulatedHelmController)> {
+    // Callers hold `testkit::cluster_wide_turn()`: a drain acts on every namespace.
     let client = control_plane().client().await?;
     let ns = TestNamespace::create(&client, prefix).await?;
     let hc = SimulatedHelmController::new(client, &ns.name);
@@ -145,6 +146,7 @@ async fn view(ns: &TestNamespace, name: &str) -> Result<Option<ReleaseView>> {
 
 #[tokio::test]
 async fn a_drain_releases_live_fences_and_leaves_foreign_suspensions_alone() -> Result<()> {
+    let _turn = testkit::cluster_wide_turn().await;
     let (ns, hc) = setup("drain-live").await?;
     installed(&ns, &hc, "mid-recovery").await?;
     apply_as_us(&ns, "mid-recovery", true).await?;
@@ -193,6 +195,7 @@ async fn a_drain_releases_live_fences_and_leaves_foreign_suspensions_alone() -> 
 
 #[tokio::test]
 async fn a_drain_carries_a_deleted_release_through_the_uninstall() -> Result<()> {
+    let _turn = testkit::cluster_wide_turn().await;
     let (ns, hc) = setup("drain-delete").await?;
     installed(&ns, &hc, "web").await?;
     apply_as_us(&ns, "web", true).await?;
@@ -220,6 +223,7 @@ async fn a_drain_carries_a_deleted_release_through_the_uninstall() -> Result<()>
 
 #[tokio::test]
 async fn when_helm_controller_never_answers_the_fence_outlives_the_deadline() -> Result<()> {
+    let _turn = testkit::cluster_wide_turn().await;
     let (ns, hc) = setup("drain-deadline").await?;
     installed(&ns, &hc, "web").await?;
     apply_as_us(&ns, "web", true).await?;
@@ -265,6 +269,7 @@ async fn when_helm_controller_never_answers_the_fence_outlives_the_deadline() ->
 
 #[tokio::test]
 async fn a_pod_that_never_led_does_not_drain() -> Result<()> {
+    let _turn = testkit::cluster_wide_turn().await;
     let (ns, hc) = setup("drain-follower").await?;
     installed(&ns, &hc, "web").await?;
     apply_as_us(&ns, "web", true).await?;
@@ -287,6 +292,7 @@ async fn a_pod_that_never_led_does_not_drain() -> Result<()> {
 
 #[tokio::test]
 async fn a_lease_that_ran_out_while_nobody_took_it_is_still_drained() -> Result<()> {
+    let _turn = testkit::cluster_wide_turn().await;
     let (ns, hc) = setup("drain-overrun").await?;
     installed(&ns, &hc, "web").await?;
     apply_as_us(&ns, "web", true).await?;

@@ -51,14 +51,21 @@ pub struct HookArgs {
     pub kube: KubeArgs,
     #[command(flatten)]
     pub log: LogArgs,
-    /// Namespace of the flux-plunger Deployment and its Lease.
+    /// Namespace of the flux-plunger Deployment and its Lease (required; the
+    /// chart passes it through the downward API).
+    // Optional to clap: a required flag of the default command would be
+    // required of `list` and `release` too. `run` refuses its absence.
     #[arg(long, env = "POD_NAMESPACE", value_name = "NAMESPACE")]
-    pub namespace: String,
+    pub namespace: Option<String>,
     /// The flux-plunger Deployment to stop.
     #[arg(long, default_value = "flux-plunger", value_name = "NAME")]
     pub deployment: String,
     /// Label selector of the flux-plunger pods to wait for.
-    #[arg(long, default_value = "app.kubernetes.io/name=flux-plunger", value_name = "SELECTOR")]
+    #[arg(
+        long,
+        default_value = "app.kubernetes.io/name=flux-plunger",
+        value_name = "SELECTOR"
+    )]
     pub pod_selector: String,
     /// The leader Lease, removed once no flux-plunger pod is left.
     #[arg(long, default_value = "flux-plunger", value_name = "NAME")]

@@ -19,10 +19,16 @@ pub async fn run(command: Command) -> anyhow::Result<ExitCode> {
 
 async fn hook(args: HookArgs) -> anyhow::Result<ExitCode> {
     args.log.init();
+    let Some(namespace) = args.namespace.filter(|n| !n.is_empty()) else {
+        eprintln!(
+            "flux-plunger-sweep: --namespace (or POD_NAMESPACE) is required: where the flux-plunger Deployment and its Lease are"
+        );
+        return Ok(ExitCode::from(2));
+    };
     let timings = args.grace.shutdown_grace_period_seconds;
     let client = args.kube.client().await?;
     let config = HookConfig {
-        namespace: args.namespace,
+        namespace,
         deployment: args.deployment,
         pod_selector: args.pod_selector,
         lease: args.leader_election_lease_name,
@@ -65,8 +71,20 @@ async fn list(args: ListArgs) -> anyhow::Result<ExitCode> {
     match args.output {
         Output::Json => writeln!(out, "{}", serde_json::to_string_pretty(&rows)?)?,
         Output::Table => {
-            writeln!(out, "{:<50} {:>6} {:<20} {:<12} UNINSTALLED", "RELEASE", "FENCES", "SUSPENDED-BY", "TERMINATING")?;
-            for Row { namespace, name, fences, suspension, terminating, uninstall_reached } in &rows {
+            writeln!(
+                out,
+                "{:<50} {:>6} {:<20} {:<12} UNINSTALLED",
+                "RELEASE", "FENCES", "SUSPENDED-BY", "TERMINATING"
+            )?;
+            for Row {
+                namespace,
+                name,
+                fences,
+                suspension,
+                terminating,
+                uninstall_reached,
+            } in &rows
+            {
                 writeln!(
                     out,
                     "{:<50} {:>6} {:<20} {:<12} {}",
@@ -74,7 +92,13 @@ async fn list(args: ListArgs) -> anyhow::Result<ExitCode> {
                     fences,
                     suspension_text(*suspension),
                     if *terminating { "yes" } else { "no" },
-                    if !terminating { "-" } else if *uninstall_reached { "yes" } else { "no" },
+                    if !terminating {
+                        "-"
+                    } else if *uninstall_reached {
+                        "yes"
+                    } else {
+                        "no"
+                    },
                 )?;
             }
             if rows.iter().any(|r| r.suspension == Suspension::LeftBehind) {
@@ -93,14 +117,19 @@ async fn release(args: ReleaseArgs) -> anyhow::Result<ExitCode> {
     let client = args.kube.client().await?;
     let (namespace, name) = &args.release;
     let key = format!("{namespace}/{name}");
-    let Some(object) = helmreleases(client.clone(), namespace).get_opt(name).await? else {
+    let Some(object) = helmreleases(client.clone(), namespace)
+        .get_opt(name)
+        .await?
+    else {
         eprintln!("HelmRelease {key} not found");
         return Ok(ExitCode::FAILURE);
     };
     let release = ReleaseView::from_object(&object);
     let plan = ReleasePlan::of(&release);
     if plan.is_empty() {
-        println!("{key} carries no flux-plunger fence and no suspension flux-plunger alone holds: nothing to do");
+        println!(
+            "{key} carries no flux-plunger fence and no suspension flux-plunger alone holds: nothing to do"
+        );
         return Ok(ExitCode::SUCCESS);
     }
     if plan.without_uninstall && !args.without_uninstall {
@@ -110,7 +139,9 @@ async fn release(args: ReleaseArgs) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::FAILURE);
     }
     if release.suspend && !plan.lift_suspension {
-        println!("{key}: its suspension is held by another manager (alone or with flux-plunger) and is left as it is");
+        println!(
+            "{key}: its suspension is held by another manager (alone or with flux-plunger) and is left as it is"
+        );
     }
     let deadline = Instant::now() + std::time::Duration::from_secs(30);
     match sweep::release_with_retry(&client, release, deadline).await {

@@ -92,6 +92,7 @@ async fn wait_ready(running: &Running) -> Result<()> {
 
 #[tokio::test]
 async fn the_controller_recovers_a_stuck_release_and_counts_it() -> Result<()> {
+    let _turn = testkit::cluster_wide_turn().await;
     let client = control_plane().client().await?;
     let ns = TestNamespace::create(&client, "binary").await?;
     let hc = SimulatedHelmController::new(client.clone(), &ns.name);
@@ -147,6 +148,7 @@ async fn the_controller_recovers_a_stuck_release_and_counts_it() -> Result<()> {
 
 #[tokio::test]
 async fn on_sigterm_the_leader_stops_within_ten_seconds_and_keeps_its_lease() -> Result<()> {
+    let _turn = testkit::cluster_wide_turn().await;
     let client = control_plane().client().await?;
     let ns = TestNamespace::create(&client, "sigterm").await?;
     let mut running = start(
@@ -192,6 +194,7 @@ async fn on_sigterm_the_leader_stops_within_ten_seconds_and_keeps_its_lease() ->
 
 #[tokio::test]
 async fn leader_election_without_a_namespace_is_refused_with_the_flag_named() -> Result<()> {
+    let _turn = testkit::cluster_wide_turn().await;
     let mut running = start(&["--leader-elect=true"], &[]).await?;
     let status = tokio::time::timeout(Duration::from_secs(15), running.child.wait()).await??;
     assert_eq!(status.code(), Some(1));

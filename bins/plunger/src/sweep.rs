@@ -73,7 +73,11 @@ impl ReleasePlan {
 
 /// Applies the plan for `release` as read; 422 (a failed `test`) or 409 mean
 /// the release changed since the read.
-pub async fn release_one(client: &Client, release: &ReleaseView, plan: &ReleasePlan) -> kube::Result<()> {
+pub async fn release_one(
+    client: &Client,
+    release: &ReleaseView,
+    plan: &ReleasePlan,
+) -> kube::Result<()> {
     let patch: json_patch::Patch =
         serde_json::from_value(plan.json_patch(release)).map_err(kube::Error::SerdeError)?;
     let params = PatchParams {
@@ -110,7 +114,10 @@ impl Suspension {
             Suspension::Ours
         } else if release.suspend_owned_by_us() {
             Suspension::Shared
-        } else if release.annotations.contains_key(PROCESSED_VERSION_ANNOTATION) {
+        } else if release
+            .annotations
+            .contains_key(PROCESSED_VERSION_ANNOTATION)
+        {
             Suspension::LeftBehind
         } else {
             Suspension::Foreign
@@ -134,7 +141,11 @@ pub struct Row {
 pub fn row_of(release: &ReleaseView) -> Option<Row> {
     let suspension = Suspension::of(release);
     let fences = release.fence_indices().len();
-    let shown = fences > 0 || matches!(suspension, Suspension::Ours | Suspension::Shared | Suspension::LeftBehind);
+    let shown = fences > 0
+        || matches!(
+            suspension,
+            Suspension::Ours | Suspension::Shared | Suspension::LeftBehind
+        );
     shown.then(|| Row {
         namespace: release.namespace.clone(),
         name: release.name.clone(),
@@ -152,7 +163,12 @@ pub async fn list_rows(client: &Client) -> kube::Result<Vec<Row>> {
     let mut params = ListParams::default().limit(500);
     loop {
         let page = api.list(&params).await?;
-        rows.extend(page.items.iter().map(ReleaseView::from_object).filter_map(|r| row_of(&r)));
+        rows.extend(
+            page.items
+                .iter()
+                .map(ReleaseView::from_object)
+                .filter_map(|r| row_of(&r)),
+        );
         match page.metadata.continue_ {
             Some(token) if !token.is_empty() => params = params.continue_token(&token),
             _ => break,
@@ -223,10 +239,16 @@ pub async fn run_hook(client: &Client, config: &HookConfig) -> HookReport {
     let target = format!("{}/{}", config.namespace, config.deployment);
 
     // 1. Stop flux-plunger.
-    let deployment = match retry(window_end, "reading the Deployment", || deployments.get_opt(&config.deployment)).await {
+    let deployment = match retry(window_end, "reading the Deployment", || {
+        deployments.get_opt(&config.deployment)
+    })
+    .await
+    {
         Ok(found) => found,
         Err(err) => {
-            report.say(format!("could not read Deployment {target}: {err}; no fence was touched"));
+            report.say(format!(
+                "could not read Deployment {target}: {err}; no fence was touched"
+            ));
             return report;
         }
     };
@@ -245,7 +267,9 @@ pub async fn run_hook(client: &Client, config: &HookConfig) -> HookReport {
         {
             Ok(_) => report.say(format!("scaled Deployment {target} to 0")),
             Err(err) => {
-                report.say(format!("could not scale Deployment {target} to 0: {err}; no fence was touched"));
+                report.say(format!(
+                    "could not scale Deployment {target} to 0: {err}; no fence was touched"
+                ));
                 return report;
             }
         }
@@ -256,7 +280,10 @@ pub async fn run_hook(client: &Client, config: &HookConfig) -> HookReport {
     let wait_end = (Instant::now() + config.pod_wait).min(window_end);
     let mut remaining = Vec::new();
     loop {
-        match pods.list(&ListParams::default().labels(&config.pod_selector)).await {
+        match pods
+            .list(&ListParams::default().labels(&config.pod_selector))
+            .await
+        {
             Ok(list) => remaining = list.items.iter().map(|p| p.name_any()).collect(),
             Err(err) => tracing::warn!(error = %err, "listing flux-plunger pods failed; retrying"),
         }
@@ -274,21 +301,33 @@ pub async fn run_hook(client: &Client, config: &HookConfig) -> HookReport {
     }
 
     // 3. Release every fence.
-    let fenced = match retry(window_end, "listing fenced HelmReleases", || list_fenced(client)).await {
+    let fenced = match retry(window_end, "listing fenced HelmReleases", || {
+        list_fenced(client)
+    })
+    .await
+    {
         Ok(fenced) => fenced,
         Err(err) => {
-            report.say(format!("could not list HelmReleases: {err}; no fence was touched"));
+            report.say(format!(
+                "could not list HelmReleases: {err}; no fence was touched"
+            ));
             return report;
         }
     };
     report.fenced = fenced.len();
     for release in fenced {
         match release_with_retry(client, release, window_end).await {
-            Ok(Released { key, without_uninstall: false }) => {
+            Ok(Released {
+                key,
+                without_uninstall: false,
+            }) => {
                 report.released += 1;
                 report.say(format!("released {key}"));
             }
-            Ok(Released { key, without_uninstall: true }) => {
+            Ok(Released {
+                key,
+                without_uninstall: true,
+            }) => {
                 report.released += 1;
                 report.without_uninstall += 1;
                 report.say(format!(
@@ -320,16 +359,23 @@ pub async fn run_hook(client: &Client, config: &HookConfig) -> HookReport {
             }
             Err(err) => {
                 fences_after = true;
-                report.say(format!("could not list again while a flux-plunger pod may still run: {err}"));
+                report.say(format!(
+                    "could not list again while a flux-plunger pod may still run: {err}"
+                ));
             }
         }
     } else {
         // Beyond the original: no flux-plunger is left, so its Lease goes too.
         let leases: Api<Lease> = Api::namespaced(client.clone(), &config.namespace);
         match leases.delete(&config.lease, &DeleteParams::default()).await {
-            Ok(_) => report.say(format!("removed the leader Lease {}/{}", config.namespace, config.lease)),
+            Ok(_) => report.say(format!(
+                "removed the leader Lease {}/{}",
+                config.namespace, config.lease
+            )),
             Err(kube::Error::Api(s)) if s.code == 404 => {}
-            Err(err) => tracing::warn!(error = %err, "could not remove the leader Lease; it is inert"),
+            Err(err) => {
+                tracing::warn!(error = %err, "could not remove the leader Lease; it is inert")
+            }
         }
     }
 
@@ -357,7 +403,10 @@ pub async fn release_with_retry(
     loop {
         let plan = ReleasePlan::of(&release);
         if plan.fence_indices.is_empty() {
-            return Ok(Released { key, without_uninstall: false });
+            return Ok(Released {
+                key,
+                without_uninstall: false,
+            });
         }
         let err = match release_one(client, &release, &plan).await {
             Ok(()) => {
@@ -376,7 +425,12 @@ pub async fn release_with_retry(
         delay = (delay * 2).min(Duration::from_secs(5));
         match api.get_opt(&release.name).await {
             Ok(Some(object)) => release = ReleaseView::from_object(&object),
-            Ok(None) => return Ok(Released { key, without_uninstall: false }),
+            Ok(None) => {
+                return Ok(Released {
+                    key,
+                    without_uninstall: false,
+                });
+            }
             Err(read) => tracing::warn!(release = %key, error = %read, "reading again failed"),
         }
     }
@@ -413,15 +467,32 @@ mod tests {
 
     #[test]
     fn only_a_suspension_flux_plunger_alone_holds_is_lifted() {
-        assert!(ReleasePlan::of(&release(&[("flux-plunger", "Apply")], &[FENCE_FINALIZER])).lift_suspension);
-        assert!(!ReleasePlan::of(&release(&[("flux-plunger", "Apply"), ("migration", "Apply")], &[FENCE_FINALIZER])).lift_suspension);
-        assert!(!ReleasePlan::of(&release(&[("flux-plunger", "Update")], &[FENCE_FINALIZER])).lift_suspension);
-        assert!(!ReleasePlan::of(&release(&[("velero", "Update")], &[FENCE_FINALIZER])).lift_suspension);
+        assert!(
+            ReleasePlan::of(&release(&[("flux-plunger", "Apply")], &[FENCE_FINALIZER]))
+                .lift_suspension
+        );
+        assert!(
+            !ReleasePlan::of(&release(
+                &[("flux-plunger", "Apply"), ("migration", "Apply")],
+                &[FENCE_FINALIZER]
+            ))
+            .lift_suspension
+        );
+        assert!(
+            !ReleasePlan::of(&release(&[("flux-plunger", "Update")], &[FENCE_FINALIZER]))
+                .lift_suspension
+        );
+        assert!(
+            !ReleasePlan::of(&release(&[("velero", "Update")], &[FENCE_FINALIZER])).lift_suspension
+        );
     }
 
     #[test]
     fn the_patch_pins_the_read_and_removes_every_fence_from_the_highest_index() {
-        let r = release(&[("flux-plunger", "Apply")], &[FENCE_FINALIZER, "finalizers.fluxcd.io", FENCE_FINALIZER]);
+        let r = release(
+            &[("flux-plunger", "Apply")],
+            &[FENCE_FINALIZER, "finalizers.fluxcd.io", FENCE_FINALIZER],
+        );
         let plan = ReleasePlan::of(&r);
         assert_eq!(plan.fence_indices, vec![0, 2]);
         assert_eq!(
@@ -445,25 +516,47 @@ mod tests {
         r.terminating = true;
         assert!(ReleasePlan::of(&r).without_uninstall);
         r.finalizers = vec![FENCE_FINALIZER.into()];
-        assert!(!ReleasePlan::of(&r).without_uninstall, "helm-controller has finished");
+        assert!(
+            !ReleasePlan::of(&r).without_uninstall,
+            "helm-controller has finished"
+        );
         r.observed_generation = Some(1);
-        assert!(ReleasePlan::of(&r).without_uninstall, "not yet observed the last generation");
+        assert!(
+            ReleasePlan::of(&r).without_uninstall,
+            "not yet observed the last generation"
+        );
         r.terminating = false;
-        assert!(!ReleasePlan::of(&r).without_uninstall, "a live release loses nothing");
+        assert!(
+            !ReleasePlan::of(&r).without_uninstall,
+            "a live release loses nothing"
+        );
     }
 
     #[test]
     fn list_shows_fences_our_suspensions_and_suspensions_left_behind() {
         assert_eq!(row_of(&release(&[], &[])), None);
         assert_eq!(row_of(&release(&[("velero", "Update")], &[])), None);
-        assert_eq!(row_of(&release(&[], &[FENCE_FINALIZER])).unwrap().suspension, Suspension::None);
-        assert_eq!(row_of(&release(&[("flux-plunger", "Apply")], &[])).unwrap().suspension, Suspension::Ours);
         assert_eq!(
-            row_of(&release(&[("flux-plunger", "Apply"), ("m", "Apply")], &[])).unwrap().suspension,
+            row_of(&release(&[], &[FENCE_FINALIZER]))
+                .unwrap()
+                .suspension,
+            Suspension::None
+        );
+        assert_eq!(
+            row_of(&release(&[("flux-plunger", "Apply")], &[]))
+                .unwrap()
+                .suspension,
+            Suspension::Ours
+        );
+        assert_eq!(
+            row_of(&release(&[("flux-plunger", "Apply"), ("m", "Apply")], &[]))
+                .unwrap()
+                .suspension,
             Suspension::Shared
         );
         let mut left = release(&[("flux-client-side-apply", "Update")], &[]);
-        left.annotations.insert(PROCESSED_VERSION_ANNOTATION.into(), "3".into());
+        left.annotations
+            .insert(PROCESSED_VERSION_ANNOTATION.into(), "3".into());
         assert_eq!(row_of(&left).unwrap().suspension, Suspension::LeftBehind);
     }
 }

@@ -15,3 +15,34 @@ pub mod process;
 pub use control_plane::{ControlPlane, control_plane};
 pub use fixtures::{Refusal, SeenEvent, TestNamespace, eventually};
 pub use helm_controller::{Handled, SimulatedHelmController};
+
+/// Tests that run a cluster-wide flux-plunger process (controller, drain,
+/// sweep) take turns: each acts on every namespace of the shared control
+/// plane, so two at once would act on each other's releases.
+pub async fn cluster_wide_turn() -> tokio::sync::MutexGuard<'static, ()> {
+    static TURN: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    TURN.lock().await
+}
+
+/// Removes every fence from the releases of `namespace` (cleanup after a test
+/// that leaves one on purpose, so the next cluster-wide process does not meet it).
+pub async fn strip_fences(ns: &TestNamespace) -> anyhow::Result<()> {
+    use kube::api::{Patch, PatchParams};
+    for object in ns.releases().list(&Default::default()).await?.items {
+        let mut finalizers = object.metadata.finalizers.clone().unwrap_or_default();
+        let before = finalizers.len();
+        finalizers.retain(|f| f != plunger::names::FENCE_FINALIZER);
+        if finalizers.len() != before
+            && let Some(name) = object.metadata.name.as_deref()
+        {
+            ns.releases()
+                .patch(
+                    name,
+                    &PatchParams::default(),
+                    &Patch::Merge(serde_json::json!({"metadata": {"finalizers": finalizers}})),
+                )
+                .await?;
+        }
+    }
+    Ok(())
+}
