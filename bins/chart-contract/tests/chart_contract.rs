@@ -233,6 +233,13 @@ fn every_value_set_renders_flags_the_binaries_accept() -> Result<()> {
         assert_eq!(log.log_encoding, LogEncoding::Console);
     }
     assert_eq!(controller.concurrent, 8);
+    assert!(controller.dry_run);
+    assert_eq!(controller.watch_namespaces, vec!["apps", "payments"]);
+    assert_eq!(
+        controller.watch_label_selector.as_deref(),
+        Some("team=payments")
+    );
+    assert_eq!(controller.max_recoveries_per_minute, 12);
     assert_eq!(drain.concurrent, 32);
     assert_eq!(hook.deployment, "plunger");
     Ok(())

@@ -107,6 +107,7 @@ async fn reconcile(object: Arc<DynamicObject>, ctx: Arc<Context>) -> Result<Acti
     tracing::debug!(release = %format!("{namespace}/{name}"), ?outcome, "reconciled");
     Ok(match outcome {
         Outcome::FenceHeld { recheck } => Action::requeue(recheck),
+        Outcome::RateLimited { retry_after } => Action::requeue(retry_after),
         _ => Action::await_change(),
     })
 }
@@ -134,10 +135,10 @@ fn error_policy(object: Arc<DynamicObject>, error: &Error, ctx: Arc<Context>) ->
     Action::requeue(delay)
 }
 
-/// Counts fences and suspensions in the watch cache, for the gauges.
-pub fn refresh_gauges(store: &Store<DynamicObject>, metrics: &Metrics) {
+/// Counts fences and suspensions in the watch caches, for the gauges.
+pub fn refresh_gauges(stores: &[Store<DynamicObject>], metrics: &Metrics) {
     let (mut fences, mut suspensions) = (0i64, 0i64);
-    for object in store.state() {
+    for object in stores.iter().flat_map(Store::state) {
         let view = ReleaseView::from_object(&object);
         fences += i64::from(view.has_fence());
         suspensions += i64::from(view.suspended_by_us());
@@ -146,53 +147,90 @@ pub fn refresh_gauges(store: &Store<DynamicObject>, metrics: &Metrics) {
     metrics.suspensions_held.set(suspensions);
 }
 
-/// Watches every HelmRelease and reconciles those of interest until
-/// `shutdown` resolves; in-flight reconciles are then allowed to finish.
+/// Which HelmReleases the controller watches.
+#[derive(Debug, Clone, Default)]
+pub struct Scope {
+    /// Empty: every namespace.
+    pub namespaces: Vec<String>,
+    pub label_selector: Option<String>,
+}
+
+impl Scope {
+    fn apis(&self, client: &Client) -> Vec<kube::Api<DynamicObject>> {
+        if self.namespaces.is_empty() {
+            return vec![all_helmreleases(client.clone())];
+        }
+        self.namespaces
+            .iter()
+            .map(|ns| plunger::release::helmreleases(client.clone(), ns))
+            .collect()
+    }
+
+    fn watcher_config(&self) -> watcher::Config {
+        match &self.label_selector {
+            Some(selector) => watcher::Config::default().labels(selector),
+            None => watcher::Config::default(),
+        }
+    }
+}
+
+/// Watches the HelmReleases in `scope` and reconciles those of interest
+/// until `shutdown` resolves; in-flight reconciles are then allowed to finish.
+/// One Controller per watched namespace (one for all when unscoped), sharing
+/// the reconcile context.
 pub async fn run(
     client: Client,
     ctx: Arc<Context>,
+    scope: Scope,
     concurrency: u16,
     readiness: Readiness,
-    store_out: tokio::sync::oneshot::Sender<Store<DynamicObject>>,
-    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
+    stores_out: tokio::sync::oneshot::Sender<Vec<Store<DynamicObject>>>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
 ) {
     let resource = helmrelease_resource();
-    let writer = reflector::store::Writer::new(resource.clone());
-    let store = writer.as_reader();
-    let _ = store_out.send(store.clone());
-    let ready_store = store.clone();
-    // Polled, not awaited: the store's readiness is a oneshot that wakes only
-    // its last waiter, and the Controller waits on it too.
+    let shutdown = shutdown.boxed().shared();
+    let mut stores = Vec::new();
+    let mut controllers = Vec::new();
+    for api in scope.apis(&client) {
+        let writer = reflector::store::Writer::new(resource.clone());
+        let store = writer.as_reader();
+        stores.push(store.clone());
+        let stream = watcher(api, scope.watcher_config())
+            .modify(trim)
+            .default_backoff()
+            .reflect(writer)
+            .applied_objects()
+            .try_filter(|object| {
+                std::future::ready(is_of_interest(&ReleaseView::from_object(object)))
+            });
+        let controller = Controller::for_stream_with(stream, store, resource.clone())
+            .with_config(ControllerConfig::default().concurrency(concurrency))
+            .graceful_shutdown_on(shutdown.clone())
+            .run(reconcile, error_policy, ctx.clone())
+            .for_each(|result| async move {
+                if let Err(err) = result {
+                    tracing::debug!(error = %err, "controller event");
+                }
+            });
+        controllers.push(controller);
+    }
+    let _ = stores_out.send(stores.clone());
+    // Polled, not awaited: a store's readiness is a oneshot that wakes only
+    // its last waiter, and its Controller waits on it too.
     tokio::spawn(async move {
         loop {
-            if let Some(result) = ready_store.wait_until_ready().now_or_never() {
-                if result.is_ok() {
-                    tracing::info!("the HelmRelease watch has synced");
-                    readiness.set_ready();
-                }
+            let ready = stores
+                .iter()
+                .all(|s| matches!(s.wait_until_ready().now_or_never(), Some(Ok(()))));
+            if ready {
+                tracing::info!("the HelmRelease watch has synced");
+                readiness.set_ready();
                 return;
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     });
-
-    let stream = watcher(all_helmreleases(client), watcher::Config::default())
-        .modify(trim)
-        .default_backoff()
-        .reflect(writer)
-        .applied_objects()
-        .try_filter(|object| std::future::ready(is_of_interest(&ReleaseView::from_object(object))));
-
-    Controller::for_stream_with(stream, store, resource)
-        .with_config(ControllerConfig::default().concurrency(concurrency))
-        .graceful_shutdown_on(shutdown)
-        .run(reconcile, error_policy, ctx)
-        .for_each(|result| async move {
-            if let Err(err) = result {
-                tracing::debug!(error = %err, "controller event");
-            }
-        })
-        .await;
+    futures::future::join_all(controllers).await;
 }
 
 #[cfg(test)]

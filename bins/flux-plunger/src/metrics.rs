@@ -97,6 +97,8 @@ impl Metrics {
             Outcome::Deferred => "deferred",
             Outcome::Skipped(_) => "skipped",
             Outcome::AbortedForDelete { .. } => "aborted_for_delete",
+            Outcome::DryRun { .. } => "dry_run",
+            Outcome::RateLimited { .. } => "rate_limited",
             _ => return,
         };
         self.recoveries

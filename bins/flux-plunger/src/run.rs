@@ -8,12 +8,13 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, bail};
 use plunger::events::Events;
 use plunger::lease::{Attempt, LeaseLock};
-use plunger::reconcile::Reconciler;
+use plunger::ratelimit::RateLimiter;
+use plunger::reconcile::{Controls, Reconciler};
 use plunger::timings::Timings;
 use tokio::sync::watch;
 
 use crate::cli::Args;
-use crate::controller::{self, Context};
+use crate::controller::{self, Context, Scope};
 use crate::metrics::Metrics;
 use crate::server::{self, Readiness};
 
@@ -75,24 +76,38 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     }
 
     let events = Events::new(client.clone(), "flux-plunger", Some(identity));
-    let reconciler = Reconciler::new(client.clone(), events, timings);
+    let controls = Controls {
+        dry_run: args.dry_run,
+        rate_limit: RateLimiter::per_minute(args.max_recoveries_per_minute),
+    };
+    if args.dry_run {
+        tracing::warn!(
+            "dry run: decisions are logged, recorded as events and counted; nothing is written"
+        );
+    }
+    let reconciler = Reconciler::new(client.clone(), events, timings).with_controls(controls);
+    let scope = Scope {
+        namespaces: args.watch_namespaces.clone(),
+        label_selector: args.watch_label_selector.clone(),
+    };
     let ctx = Arc::new(Context::new(reconciler, metrics.clone()));
-    let (store_tx, store_rx) = tokio::sync::oneshot::channel();
+    let (stores_tx, stores_rx) = tokio::sync::oneshot::channel();
     let mut controller_stop = stop_rx.clone();
     let controller_task = tokio::spawn(controller::run(
         client,
         ctx,
+        scope,
         args.concurrent,
         readiness,
-        store_tx,
+        stores_tx,
         async move {
             let _ = controller_stop.wait_for(|s| *s != Stop::Running).await;
         },
     ));
-    if let Ok(store) = store_rx.await {
+    if let Ok(stores) = stores_rx.await {
         let gauges = metrics.clone();
         tokio::spawn(server::serve_metrics(metrics_listener, gauges, move |m| {
-            controller::refresh_gauges(&store, m)
+            controller::refresh_gauges(&stores, m)
         }));
     }
 

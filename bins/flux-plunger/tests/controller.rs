@@ -200,3 +200,74 @@ async fn leader_election_without_a_namespace_is_refused_with_the_flag_named() ->
     assert_eq!(status.code(), Some(1));
     Ok(())
 }
+
+#[tokio::test]
+async fn a_scoped_controller_recovers_only_the_namespaces_and_labels_it_watches() -> Result<()> {
+    let _turn = testkit::cluster_wide_turn().await;
+    let client = control_plane().client().await?;
+    let watched = TestNamespace::create(&client, "scope-in").await?;
+    let other = TestNamespace::create(&client, "scope-out").await?;
+    let running = start(
+        &[
+            "--leader-elect=false",
+            &format!("--watch-namespace={}", watched.name),
+            "--watch-label-selector=team=payments",
+        ],
+        &[],
+    )
+    .await?;
+    wait_ready(&running).await?;
+
+    for (ns, name, labelled) in [
+        (&watched, "labelled", true),
+        (&watched, "unlabelled", false),
+        (&other, "labelled", true),
+    ] {
+        let hc = SimulatedHelmController::new(client.clone(), &ns.name);
+        ns.create_release(name, json!({})).await?;
+        if labelled {
+            ns.releases()
+                .patch(
+                    name,
+                    &kube::api::PatchParams::default(),
+                    &kube::api::Patch::Merge(json!({"metadata": {"labels": {"team": "payments"}}})),
+                )
+                .await?;
+        }
+        hc.handle(name).await?;
+        ns.create_storage_secret(name, 1, "uninstalling").await?;
+        ns.mark_stuck(name).await?;
+    }
+
+    eventually(
+        Duration::from_secs(30),
+        "the watched, labelled release is recovered",
+        || async {
+            let view = ReleaseView::from_object(&watched.releases().get("labelled").await?);
+            Ok(view.annotations.contains_key(PROCESSED_VERSION_ANNOTATION))
+        },
+    )
+    .await?;
+    // Give the controller time it would need to act on the others.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    for (ns, name) in [(&watched, "unlabelled"), (&other, "labelled")] {
+        let view = ReleaseView::from_object(&ns.releases().get(name).await?);
+        assert!(
+            !view.annotations.contains_key(PROCESSED_VERSION_ANNOTATION),
+            "{}/{name}",
+            ns.name
+        );
+        assert_eq!(
+            ns.secrets()
+                .list(&Default::default())
+                .await?
+                .items
+                .iter()
+                .filter(|s| s.metadata.name.as_deref()
+                    == Some(&format!("sh.helm.release.v1.{name}.v1")))
+                .count(),
+            1
+        );
+    }
+    Ok(())
+}

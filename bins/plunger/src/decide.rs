@@ -93,7 +93,7 @@ pub fn decide(release: &ReleaseView, clock: &Clock) -> Decision {
         // A fence without a suspension protects nothing.
         return Decision::DropFence { event: None };
     }
-    if !release.is_stuck() {
+    if !release.is_stuck() || release.recovery_disabled() {
         return Decision::Nothing { event: None };
     }
     Decision::InspectStorage

@@ -448,3 +448,22 @@ fn the_watch_filter_lets_through_exactly_the_releases_we_may_act_on() {
     assert!(!is_of_interest(&suspended_by(release(), "m", "Apply")));
     assert!(!is_of_interest(&terminating(release())));
 }
+
+#[test]
+fn a_stuck_release_opted_out_by_its_annotation_is_not_recovered() {
+    let mut r = stuck(release());
+    r.annotations
+        .insert(crate::names::RECOVER_ANNOTATION.into(), "disabled".into());
+    assert_eq!(decide(&r, &clock()), Decision::Nothing { event: None });
+    r.annotations
+        .insert(crate::names::RECOVER_ANNOTATION.into(), "enabled".into());
+    assert_eq!(decide(&r, &clock()), Decision::InspectStorage);
+}
+
+#[test]
+fn an_opted_out_release_still_loses_our_suspension_and_fence() {
+    let mut r = stuck(fenced(ours(release())));
+    r.annotations
+        .insert(crate::names::RECOVER_ANNOTATION.into(), "disabled".into());
+    assert_eq!(decide(&r, &clock()), Decision::Lift { keep_fence: false });
+}

@@ -45,6 +45,19 @@ pub enum Outcome {
     AbortedForDelete { revision: u64 },
     /// The revision was reclaimed and the release let go.
     Recovered { revision: u64 },
+    /// `--dry-run`: what would have been written, reported, nothing written.
+    DryRun { would: String },
+    /// `--max-recoveries-per-minute` is used up: try again after this.
+    RateLimited { retry_after: Duration },
+}
+
+/// The operator's controls of what a reconcile may do.
+#[derive(Default)]
+pub struct Controls {
+    /// Decide and report, write nothing to releases or Secrets.
+    pub dry_run: bool,
+    /// At most this many recoveries start per minute.
+    pub rate_limit: Option<crate::ratelimit::RateLimiter>,
 }
 
 /// Points inside a recovery where a test can act (a delete, a foreign write).
@@ -83,6 +96,7 @@ pub struct Reconciler {
     /// When we last warned that a release's delete is held, by uid: one
     /// warning per release per re-check interval, however often it is woken.
     fence_warnings: Mutex<HashMap<String, Instant>>,
+    controls: Controls,
     #[cfg(feature = "test-hooks")]
     pub hooks: TestHooks,
 }
@@ -94,9 +108,16 @@ impl Reconciler {
             events,
             timings,
             fence_warnings: Mutex::new(HashMap::new()),
+            controls: Controls::default(),
             #[cfg(feature = "test-hooks")]
             hooks: TestHooks::default(),
         }
+    }
+
+    /// The same reconciler under the operator's controls.
+    pub fn with_controls(mut self, controls: Controls) -> Self {
+        self.controls = controls;
+        self
     }
 
     /// One pass over one release (SPEC §4, §5).
@@ -158,6 +179,15 @@ impl Reconciler {
     /// Carries out any decision but `InspectStorage`, which only `reconcile`
     /// acts on (a settle never starts a recovery).
     async fn carry_out(&self, release: &ReleaseView, decision: Decision) -> Result<Outcome, Error> {
+        if self.controls.dry_run
+            && let Some(would) = would_write(&decision)
+        {
+            if let Decision::DropFence { event: Some(event) } = &decision {
+                self.events.record(release, event).await;
+            }
+            tracing::info!(release = %release.key(), "dry run: would {would}");
+            return Ok(Outcome::DryRun { would });
+        }
         match decision {
             Decision::Nothing { event: None } | Decision::InspectStorage => {
                 Ok(Outcome::NothingToDo)
@@ -260,6 +290,31 @@ impl Reconciler {
                 return Ok(Outcome::Skipped(reason));
             }
         };
+
+        if self.controls.dry_run {
+            let would = format!(
+                "suspend {} with the uninstall fence, annotate revision {}, delete Helm storage Secret {}/{} (status {:?}), then lift the suspension and the fence",
+                release.key(),
+                target.revision,
+                target.namespace,
+                target.name,
+                target.status
+            );
+            let event = EventSpec {
+                warning: false,
+                reason: reasons::RECOVERY_DRY_RUN,
+                action: "Recover",
+                note: format!("dry run: flux-plunger would {would}"),
+            };
+            self.events.record(&release, &event).await;
+            return Ok(Outcome::DryRun { would });
+        }
+        if let Some(limiter) = &self.controls.rate_limit
+            && let Err(retry_after) = limiter.try_take()
+        {
+            tracing::info!(release = %release.key(), ?retry_after, "recovery rate limit reached; waiting");
+            return Ok(Outcome::RateLimited { retry_after });
+        }
 
         let Some(held) = self.acquire(&release.namespace, &release.name).await? else {
             let event = EventSpec {
@@ -398,4 +453,18 @@ impl Reconciler {
 
     #[cfg(not(feature = "test-hooks"))]
     async fn pause_at_step(&self, _step: Step) {}
+}
+
+/// What a decision would write, for `--dry-run`; `None` for no write.
+fn would_write(decision: &Decision) -> Option<String> {
+    match decision {
+        Decision::Lift { keep_fence: true } => {
+            Some("lift flux-plunger's suspension and keep the fence".to_owned())
+        }
+        Decision::Lift { keep_fence: false } => {
+            Some("lift flux-plunger's suspension and the fence".to_owned())
+        }
+        Decision::DropFence { .. } => Some("remove the uninstall fence".to_owned()),
+        Decision::Nothing { .. } | Decision::HoldFence { .. } | Decision::InspectStorage => None,
+    }
 }

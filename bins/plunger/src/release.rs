@@ -206,6 +206,13 @@ impl ReleaseView {
             && self.observed_generation == self.generation
     }
 
+    /// The release is opted out of recoveries by its annotation.
+    pub fn recovery_disabled(&self) -> bool {
+        self.annotations
+            .get(crate::names::RECOVER_ANNOTATION)
+            .is_some_and(|v| v == crate::names::RECOVER_DISABLED)
+    }
+
     pub fn carries_processed_annotation(&self) -> bool {
         self.annotations.contains_key(PROCESSED_VERSION_ANNOTATION)
     }

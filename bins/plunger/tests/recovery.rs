@@ -1004,3 +1004,99 @@ fn audited_applies(namespace: &str, skip: usize) -> Vec<Value> {
         .map(|e| e["requestObject"].clone())
         .collect()
 }
+
+// Operator controls (SPEC §9).
+
+#[tokio::test]
+async fn a_dry_run_decides_and_reports_but_writes_nothing() -> Result<()> {
+    let w = world("dry-run").await?;
+    w.stuck_release("stuck", &[(1, "superseded"), (2, "uninstalling")])
+        .await?;
+    w.stuck_release("crashed", &[(1, "uninstalling")]).await?;
+    w.leave_our_suspension("crashed").await?;
+    let before_stuck = w.get("stuck").await?.unwrap();
+    let before_crashed = w.get("crashed").await?.unwrap();
+    let reconciler = w.reconciler().with_controls(plunger::reconcile::Controls {
+        dry_run: true,
+        rate_limit: None,
+    });
+
+    let stuck = reconciler.reconcile(&w.ns.name, "stuck").await?;
+    let crashed = reconciler.reconcile(&w.ns.name, "crashed").await?;
+
+    assert!(
+        matches!(&stuck, Outcome::DryRun { would } if would.contains("sh.helm.release.v1.stuck.v2")),
+        "{stuck:?}"
+    );
+    assert!(
+        matches!(&crashed, Outcome::DryRun { would } if would.contains("lift")),
+        "{crashed:?}"
+    );
+    for before in [before_stuck, before_crashed] {
+        let after = w
+            .get(before.metadata.name.as_deref().unwrap())
+            .await?
+            .unwrap();
+        assert_eq!(
+            after.metadata.resource_version,
+            before.metadata.resource_version
+        );
+    }
+    assert_eq!(w.revisions().await?.len(), 3, "no Secret deleted");
+    let events = w.ns.events_for("stuck").await?;
+    assert!(
+        events
+            .iter()
+            .any(|e| e.reason == "RecoveryDryRun" && e.note.contains("would suspend")),
+        "{events:?}"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_recovery_rate_limit_defers_recoveries_past_the_limit() -> Result<()> {
+    let w = world("rate-limit").await?;
+    w.stuck_release("first", &[(1, "uninstalling")]).await?;
+    w.stuck_release("second", &[(1, "uninstalling")]).await?;
+    let reconciler = w.reconciler().with_controls(plunger::reconcile::Controls {
+        dry_run: false,
+        rate_limit: plunger::ratelimit::RateLimiter::per_minute(1),
+    });
+
+    assert_eq!(
+        reconciler.reconcile(&w.ns.name, "first").await?,
+        Outcome::Recovered { revision: 1 }
+    );
+    let second = reconciler.reconcile(&w.ns.name, "second").await?;
+
+    assert!(
+        matches!(second, Outcome::RateLimited { retry_after } if retry_after > Duration::from_secs(50)),
+        "{second:?}"
+    );
+    assert!(!we_own_anything(&w.get("second").await?.unwrap()));
+    assert_eq!(w.revisions().await?, vec!["sh.helm.release.v1.second.v1"]);
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_release_opted_out_by_its_annotation_is_never_recovered() -> Result<()> {
+    let w = world("opt-out").await?;
+    w.stuck_release("web", &[(1, "uninstalling")]).await?;
+    w.ns.releases()
+        .patch("web", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"annotations": {"flux-plunger.cozystack.io/recover": "disabled"}}})))
+        .await?;
+    let before = w.get("web").await?.unwrap();
+
+    assert_eq!(
+        w.reconciler().reconcile(&w.ns.name, "web").await?,
+        Outcome::NothingToDo
+    );
+
+    let after = w.get("web").await?.unwrap();
+    assert_eq!(
+        after.metadata.resource_version,
+        before.metadata.resource_version
+    );
+    assert_eq!(w.revisions().await?, vec!["sh.helm.release.v1.web.v1"]);
+    Ok(())
+}
