@@ -1100,3 +1100,182 @@ async fn a_release_opted_out_by_its_annotation_is_never_recovered() -> Result<()
     assert_eq!(w.revisions().await?, vec!["sh.helm.release.v1.web.v1"]);
     Ok(())
 }
+
+// Release identity (SPEC §9): the storage is where helm-controller put it.
+
+/// Creates a stuck release with `spec` whose storage Secrets, of release
+/// `storage_name`, live in namespace `storage_ns`.
+async fn stuck_elsewhere(
+    w: &World,
+    name: &str,
+    spec: Value,
+    storage_ns: &TestNamespace,
+    storage_name: &str,
+) -> Result<()> {
+    w.ns.create_release(name, spec).await?;
+    w.hc.handle(name).await?;
+    storage_ns
+        .create_storage_secret(storage_name, 1, "superseded")
+        .await?;
+    storage_ns
+        .create_storage_secret(storage_name, 2, "uninstalling")
+        .await?;
+    // A decoy under the HelmRelease's own name, where the original looked.
+    w.ns.create_storage_secret(name, 9, "uninstalling").await?;
+    w.ns.mark_stuck(name).await?;
+    Ok(())
+}
+
+async fn secret_names(ns: &TestNamespace) -> Result<Vec<String>> {
+    let mut names: Vec<String> = ns
+        .secrets()
+        .list(&Default::default())
+        .await?
+        .items
+        .into_iter()
+        .filter_map(|s| s.metadata.name)
+        .collect();
+    names.sort();
+    Ok(names)
+}
+
+#[tokio::test]
+async fn the_storage_of_a_release_with_a_target_namespace_is_found_under_its_helm_name()
+-> Result<()> {
+    let w = world("identity-target").await?;
+    stuck_elsewhere(
+        &w,
+        "web",
+        json!({"targetNamespace": "prod"}),
+        &w.ns,
+        "prod-web",
+    )
+    .await?;
+
+    assert_eq!(
+        w.reconciler().reconcile(&w.ns.name, "web").await?,
+        Outcome::Recovered { revision: 2 }
+    );
+    assert_eq!(
+        secret_names(&w.ns).await?,
+        vec![
+            "sh.helm.release.v1.prod-web.v1",
+            "sh.helm.release.v1.web.v9"
+        ],
+        "only the newest revision of prod-web went; the decoy under the HelmRelease's name stays"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_storage_of_a_release_with_a_release_name_and_storage_namespace_is_found_there()
+-> Result<()> {
+    let w = world("identity-storage").await?;
+    let storage = TestNamespace::create(&w.client, "identity-store").await?;
+    stuck_elsewhere(
+        &w,
+        "web",
+        json!({"releaseName": "custom", "storageNamespace": storage.name, "targetNamespace": "prod"}),
+        &storage,
+        "custom",
+    )
+    .await?;
+
+    assert_eq!(
+        w.reconciler().reconcile(&w.ns.name, "web").await?,
+        Outcome::Recovered { revision: 2 }
+    );
+    assert_eq!(
+        secret_names(&storage).await?,
+        vec!["sh.helm.release.v1.custom.v1"]
+    );
+    assert_eq!(
+        secret_names(&w.ns).await?,
+        vec!["sh.helm.release.v1.web.v9"]
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_release_name_past_53_characters_is_shortened_as_helm_controller_does() -> Result<()> {
+    let w = world("identity-long").await?;
+    let target = "t".repeat(20);
+    let name = "a-release-with-a-rather-long-name-indeed";
+    let helm_name = plunger::storage::shorten_release_name(&format!("{target}-{name}"));
+    assert_eq!(helm_name.len(), 53);
+    stuck_elsewhere(
+        &w,
+        name,
+        json!({"targetNamespace": target}),
+        &w.ns,
+        &helm_name,
+    )
+    .await?;
+
+    assert_eq!(
+        w.reconciler().reconcile(&w.ns.name, name).await?,
+        Outcome::Recovered { revision: 2 }
+    );
+    assert!(
+        !secret_names(&w.ns)
+            .await?
+            .contains(&format!("sh.helm.release.v1.{helm_name}.v2"))
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn where_status_and_spec_disagree_the_status_says_where_the_release_is() -> Result<()> {
+    let w = world("identity-status").await?;
+    let actual = TestNamespace::create(&w.client, "identity-actual").await?;
+    stuck_elsewhere(
+        &w,
+        "web",
+        json!({"releaseName": "from-spec"}),
+        &actual,
+        "recorded",
+    )
+    .await?;
+    // helm-controller recorded where it actually installed the release.
+    let history = json!([{
+        "name": "recorded", "namespace": "prod", "version": 2, "status": "uninstalling",
+        "chartName": "demo", "chartVersion": "1.0.0", "configDigest": "sha256:0", "digest": "sha256:0",
+        "firstDeployed": "2026-01-01T00:00:00Z", "lastDeployed": "2026-01-01T00:00:00Z",
+    }]);
+    w.ns.releases()
+        .patch_status(
+            "web",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"storageNamespace": actual.name, "history": history}})),
+        )
+        .await?;
+
+    assert_eq!(
+        w.reconciler().reconcile(&w.ns.name, "web").await?,
+        Outcome::Recovered { revision: 2 }
+    );
+    assert_eq!(
+        secret_names(&actual).await?,
+        vec!["sh.helm.release.v1.recorded.v1"]
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_deployed_newest_revision_is_never_deleted() -> Result<()> {
+    let w = world("guard-deployed").await?;
+    let before = w
+        .stuck_release("web", &[(1, "superseded"), (2, "deployed")])
+        .await?;
+
+    assert_eq!(
+        w.reconciler().reconcile(&w.ns.name, "web").await?,
+        Outcome::Skipped(SkipReason::LatestIsDeployed { latest: 2 })
+    );
+    assert_eq!(w.revisions().await?.len(), 2);
+    assert_eq!(
+        w.get("web").await?.unwrap().metadata.resource_version,
+        before.metadata.resource_version
+    );
+    Ok(())
+}
