@@ -11,6 +11,7 @@ pub mod error;
 pub mod events;
 pub mod lease;
 pub mod names;
+pub mod notify;
 pub mod ratelimit;
 pub mod reconcile;
 pub mod release;

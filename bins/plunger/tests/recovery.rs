@@ -1279,3 +1279,78 @@ async fn a_deployed_newest_revision_is_never_deleted() -> Result<()> {
     );
     Ok(())
 }
+
+#[tokio::test]
+async fn events_are_posted_to_flux_notification_controller_in_its_format() -> Result<()> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let w = world("notify").await?;
+    w.stuck_release("web", &[(1, "uninstalling")]).await?;
+    // A notification-controller on loopback: answers 202 and keeps each body.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let address = format!("http://{}/", listener.local_addr()?);
+    let (bodies_tx, mut bodies) = tokio::sync::mpsc::unbounded_channel::<Value>();
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            let mut buffer = Vec::new();
+            let mut chunk = [0u8; 4096];
+            loop {
+                let n = socket.read(&mut chunk).await.unwrap_or(0);
+                if n == 0 {
+                    break;
+                }
+                buffer.extend_from_slice(&chunk[..n]);
+                let text = String::from_utf8_lossy(&buffer).to_string();
+                if let Some((head, body)) = text.split_once("\r\n\r\n") {
+                    let length: usize = head
+                        .lines()
+                        .find_map(|l| {
+                            l.to_ascii_lowercase()
+                                .strip_prefix("content-length:")
+                                .map(|v| v.trim().parse().unwrap_or(0))
+                        })
+                        .unwrap_or(0);
+                    if body.len() >= length {
+                        assert!(head.starts_with("POST / HTTP/1.1"), "{head}");
+                        bodies_tx
+                            .send(serde_json::from_str(&body[..length]).unwrap())
+                            .unwrap();
+                        socket
+                            .write_all(b"HTTP/1.1 202 Accepted\r\ncontent-length: 0\r\n\r\n")
+                            .await
+                            .unwrap();
+                        buffer.clear();
+                    }
+                }
+            }
+        }
+    });
+    let events = Events::new(w.client.clone(), "flux-plunger", Some("pod-a".into())).forwarding_to(
+        plunger::notify::Forwarder::new(&address, Some("pod-a".into()))
+            .map_err(anyhow::Error::msg)?,
+    );
+    let reconciler = Reconciler::new(w.client.clone(), events, Timings::default());
+
+    assert_eq!(
+        reconciler.reconcile(&w.ns.name, "web").await?,
+        Outcome::Recovered { revision: 1 }
+    );
+
+    let body = tokio::time::timeout(Duration::from_secs(10), bodies.recv())
+        .await?
+        .expect("an event");
+    assert_eq!(body["reason"], "Recovered");
+    assert_eq!(body["severity"], "info");
+    assert_eq!(body["reportingController"], "flux-plunger");
+    assert_eq!(body["reportingInstance"], "pod-a");
+    assert_eq!(body["involvedObject"]["kind"], "HelmRelease");
+    assert_eq!(body["involvedObject"]["namespace"], w.ns.name.as_str());
+    assert_eq!(body["involvedObject"]["name"], "web");
+    assert!(
+        body["message"]
+            .as_str()
+            .unwrap()
+            .contains("reclaimed Helm storage revision 1")
+    );
+    assert!(body["timestamp"].as_str().unwrap().ends_with('Z'));
+    Ok(())
+}
