@@ -209,6 +209,8 @@ pub enum SkipReason {
     AlreadyProcessed { latest: u64, processed: u64 },
     /// The newest revision is deployed: deleting it would lose a good release.
     LatestIsDeployed { latest: u64 },
+    /// The release lives in a remote cluster that cannot be reached or used.
+    RemoteClusterUnusable { why: String },
 }
 
 /// Chooses the revision to reclaim: the newest one, unless it is the one

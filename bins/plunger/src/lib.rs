@@ -15,6 +15,7 @@ pub mod notify;
 pub mod ratelimit;
 pub mod reconcile;
 pub mod release;
+pub mod remote;
 pub mod storage;
 pub mod sweep;
 pub mod test_hooks;

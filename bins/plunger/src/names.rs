@@ -60,6 +60,7 @@ pub mod reasons {
     pub const UNINSTALL_FENCE_HELD: &str = "UninstallFenceHeld";
     pub const RECOVERED: &str = "Recovered";
     pub const RECOVERY_DRY_RUN: &str = "RecoveryDryRun";
+    pub const REMOTE_CLUSTER_UNUSABLE: &str = "RemoteClusterUnusable";
 }
 
 /// The name Helm gives the storage Secret of `release` at `revision`.

@@ -271,8 +271,29 @@ impl Reconciler {
 
     /// SPEC §4 steps 6-13.
     async fn recover(&self, release: ReleaseView) -> Result<Outcome, Error> {
+        // The storage is in the cluster the release is installed in.
+        let storage_client = if release.has_kube_config {
+            match crate::remote::storage_client(&self.client, &release).await {
+                Ok(client) => client,
+                Err(why) => {
+                    let event = EventSpec {
+                        warning: true,
+                        reason: reasons::REMOTE_CLUSTER_UNUSABLE,
+                        action: "Recover",
+                        note: format!(
+                            "{} is stuck in a remote cluster flux-plunger cannot use: {why}",
+                            release.key()
+                        ),
+                    };
+                    self.events.record(&release, &event).await;
+                    return Ok(Outcome::Skipped(SkipReason::RemoteClusterUnusable { why }));
+                }
+            }
+        } else {
+            self.client.clone()
+        };
         let location = StorageLocation::of(&release);
-        let secrets = storage::list_storage(&self.client, &location)
+        let secrets = storage::list_storage(&storage_client, &location)
             .await
             .map_err(|source| Error::ListStorage {
                 key: release.key(),
@@ -331,7 +352,7 @@ impl Reconciler {
         };
         tracing::info!(release = %release.key(), revision = target.revision, secret = %target.name, "suspended with the uninstall fence to reclaim the newest storage revision");
 
-        match self.reclaim(held, &target).await {
+        match self.reclaim(held, &target, &storage_client).await {
             Ok(outcome) => Ok(outcome),
             Err(err) => {
                 // Step 9: an early exit never leaves our suspension behind.
@@ -378,7 +399,12 @@ impl Reconciler {
     }
 
     /// SPEC §4 steps 10-13, holding the suspension.
-    async fn reclaim(&self, held: ReleaseView, target: &StorageRevision) -> Result<Outcome, Error> {
+    async fn reclaim(
+        &self,
+        held: ReleaseView,
+        target: &StorageRevision,
+        storage_client: &Client,
+    ) -> Result<Outcome, Error> {
         self.pause_at_step(Step::Acquired).await;
         apply::annotate(&self.client, &held, target.revision)
             .await
@@ -401,7 +427,7 @@ impl Reconciler {
         }
         let release = recheck.expect("may_delete_storage implies a release");
 
-        match storage::delete_revision(&self.client, target).await {
+        match storage::delete_revision(storage_client, target).await {
             Ok(()) => {}
             // Already gone: whoever deleted it did what we meant to.
             Err(err) if is_api_code(&err, 404) => {}

@@ -1354,3 +1354,122 @@ async fn events_are_posted_to_flux_notification_controller_in_its_format() -> Re
     assert!(body["timestamp"].as_str().unwrap().ends_with('Z'));
     Ok(())
 }
+
+// Remote clusters (SPEC §9): storage read and written where the release is installed.
+
+#[tokio::test]
+async fn a_release_in_a_remote_cluster_is_recovered_there() -> Result<()> {
+    use k8s_openapi::api::core::v1::{Namespace, Secret};
+    use kube::api::{Api, PostParams};
+    let w = world("remote").await?;
+    let remote = testkit::ControlPlane::start_another()?;
+    let remote_client = remote.client().await?;
+    // The same namespace in the remote cluster, with the release's storage.
+    let namespaces: Api<Namespace> = Api::all(remote_client.clone());
+    namespaces
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": w.ns.name}}))?,
+        )
+        .await?;
+    let remote_ns = TestNamespace {
+        name: w.ns.name.clone(),
+        client: remote_client.clone(),
+    };
+    remote_ns
+        .create_storage_secret("web", 1, "superseded")
+        .await?;
+    remote_ns
+        .create_storage_secret("web", 2, "uninstalling")
+        .await?;
+    // A decoy in the local cluster, where the original looked.
+    w.ns.create_storage_secret("web", 2, "uninstalling").await?;
+    let kubeconfig: Secret = serde_json::from_value(json!({
+        "metadata": {"name": "remote-kubeconfig"},
+        "stringData": {"value.yaml": remote.kubeconfig_yaml(&testkit::control_plane::AuthInfo::AdminCertificate)},
+    }))?;
+    w.ns.secrets()
+        .create(&PostParams::default(), &kubeconfig)
+        .await?;
+    w.ns.create_release(
+        "web",
+        json!({"kubeConfig": {"secretRef": {"name": "remote-kubeconfig"}}}),
+    )
+    .await?;
+    w.hc.handle("web").await?;
+    w.ns.mark_stuck("web").await?;
+
+    assert_eq!(
+        w.reconciler().reconcile(&w.ns.name, "web").await?,
+        Outcome::Recovered { revision: 2 }
+    );
+
+    assert_eq!(
+        secret_names(&remote_ns).await?,
+        vec!["sh.helm.release.v1.web.v1"]
+    );
+    assert!(
+        secret_names(&w.ns)
+            .await?
+            .contains(&"sh.helm.release.v1.web.v2".to_owned()),
+        "the local decoy stays"
+    );
+    assert_let_go(&w.get("web").await?.unwrap());
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_remote_cluster_that_cannot_be_used_is_skipped_with_a_warning() -> Result<()> {
+    use k8s_openapi::api::core::v1::Secret;
+    use kube::api::PostParams;
+    let w = world("remote-bad").await?;
+    let exec: Secret = serde_json::from_value(json!({
+        "metadata": {"name": "exec-kubeconfig"},
+        "stringData": {"value": "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: https://eks.example:443\ncontexts:\n- name: c\n  context: {cluster: c, user: u}\ncurrent-context: c\nusers:\n- name: u\n  user:\n    exec:\n      apiVersion: client.authentication.k8s.io/v1\n      command: aws\n"},
+    }))?;
+    w.ns.secrets().create(&PostParams::default(), &exec).await?;
+    for (name, secret) in [("missing", "no-such-secret"), ("exec", "exec-kubeconfig")] {
+        w.ns.create_release(name, json!({"kubeConfig": {"secretRef": {"name": secret}}}))
+            .await?;
+        w.hc.handle(name).await?;
+        w.ns.create_storage_secret(name, 1, "uninstalling").await?;
+        w.ns.mark_stuck(name).await?;
+        let before = w.get(name).await?.unwrap();
+
+        let outcome = w.reconciler().reconcile(&w.ns.name, name).await?;
+
+        assert!(
+            matches!(
+                &outcome,
+                Outcome::Skipped(SkipReason::RemoteClusterUnusable { .. })
+            ),
+            "{name}: {outcome:?}"
+        );
+        assert_eq!(
+            w.get(name).await?.unwrap().metadata.resource_version,
+            before.metadata.resource_version,
+            "{name}"
+        );
+        let events = w.ns.events_for(name).await?;
+        let expected = if name == "exec" {
+            "exec plugin"
+        } else {
+            "does not exist"
+        };
+        assert!(
+            events.iter().any(|e| e.reason == "RemoteClusterUnusable"
+                && e.type_ == "Warning"
+                && e.note.contains(expected)),
+            "{name}: {events:?}"
+        );
+    }
+    assert_eq!(
+        w.revisions()
+            .await?
+            .iter()
+            .filter(|s| s.starts_with("sh.helm"))
+            .count(),
+        2
+    );
+    Ok(())
+}
