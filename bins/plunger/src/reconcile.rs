@@ -352,7 +352,11 @@ impl Reconciler {
         };
         tracing::info!(release = %release.key(), revision = target.revision, secret = %target.name, "suspended with the uninstall fence to reclaim the newest storage revision");
 
-        match self.reclaim(held, &target, &storage_client).await {
+        let below_uid = decide::revision_below(&revisions, &target).map(|r| r.uid.clone());
+        match self
+            .reclaim(held, &target, below_uid.as_deref(), &storage_client)
+            .await
+        {
             Ok(outcome) => Ok(outcome),
             Err(err) => {
                 // Step 9: an early exit never leaves our suspension behind.
@@ -403,10 +407,11 @@ impl Reconciler {
         &self,
         held: ReleaseView,
         target: &StorageRevision,
+        below_uid: Option<&str>,
         storage_client: &Client,
     ) -> Result<Outcome, Error> {
         self.pause_at_step(Step::Acquired).await;
-        apply::annotate(&self.client, &held, target.revision)
+        apply::annotate(&self.client, &held, target.revision, below_uid)
             .await
             .map_err(|source| Error::Annotate {
                 key: held.key(),

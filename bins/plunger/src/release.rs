@@ -243,6 +243,14 @@ impl ReleaseView {
         self.annotations.contains_key(PROCESSED_VERSION_ANNOTATION)
     }
 
+    /// The uid recorded for the revision below the one we reclaimed; `None`
+    /// when an older flux-plunger wrote the annotation.
+    pub fn processed_below_uid(&self) -> Option<&str> {
+        self.annotations
+            .get(crate::names::PROCESSED_BELOW_UID_ANNOTATION)
+            .map(String::as_str)
+    }
+
     pub fn processed_version(&self) -> ProcessedVersion {
         match self.annotations.get(PROCESSED_VERSION_ANNOTATION) {
             None => ProcessedVersion::Absent,

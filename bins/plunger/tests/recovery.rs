@@ -1473,3 +1473,41 @@ async fn a_remote_cluster_that_cannot_be_used_is_skipped_with_a_warning() -> Res
     );
     Ok(())
 }
+
+#[tokio::test]
+async fn a_revision_made_later_under_the_number_below_is_told_from_the_one_that_was_there()
+-> Result<()> {
+    let w = world("guard-uid").await?;
+    w.stuck_release("web", &[(1, "superseded"), (2, "uninstalling")])
+        .await?;
+    let r = w.reconciler();
+    assert_eq!(
+        r.reconcile(&w.ns.name, "web").await?,
+        Outcome::Recovered { revision: 2 }
+    );
+    let v1 = w.ns.secrets().get("sh.helm.release.v1.web.v1").await?;
+    let annotations = w.get("web").await?.unwrap().metadata.annotations.unwrap();
+    assert_eq!(
+        annotations["flux-plunger.cozystack.io/last-processed-below-uid"],
+        v1.metadata.uid.clone().unwrap()
+    );
+
+    // Still stuck before helm-controller retries: v1 is the revision that was below.
+    w.ns.mark_stuck("web").await?;
+    assert!(matches!(
+        r.reconcile(&w.ns.name, "web").await?,
+        Outcome::Skipped(SkipReason::AlreadyProcessed { .. })
+    ));
+
+    // The history is replaced: a new v1 under the same number, stuck again.
+    w.ns.secrets()
+        .delete("sh.helm.release.v1.web.v1", &DeleteParams::default())
+        .await?;
+    w.ns.create_storage_secret("web", 1, "uninstalling").await?;
+    assert_eq!(
+        r.reconcile(&w.ns.name, "web").await?,
+        Outcome::Recovered { revision: 1 }
+    );
+    assert!(w.revisions().await?.is_empty());
+    Ok(())
+}
