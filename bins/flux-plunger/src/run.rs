@@ -84,7 +84,9 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
             "dry run: decisions are logged, recorded as events and counted; nothing is written"
         );
     }
-    let reconciler = Reconciler::new(client.clone(), events, timings).with_controls(controls);
+    let reconciler = Reconciler::new(client.clone(), events, timings)
+        .with_controls(controls)
+        .with_test_hooks_from_env();
     let scope = Scope {
         namespaces: args.watch_namespaces.clone(),
         label_selector: args.watch_label_selector.clone(),

@@ -114,6 +114,19 @@ impl Reconciler {
         }
     }
 
+    /// Test builds only: the hooks `test_hooks::hooks_from_env` reads; a
+    /// no-op in any other build.
+    pub fn with_test_hooks_from_env(self) -> Self {
+        #[cfg(feature = "test-hooks")]
+        {
+            let mut this = self;
+            this.hooks = crate::test_hooks::hooks_from_env();
+            this
+        }
+        #[cfg(not(feature = "test-hooks"))]
+        self
+    }
+
     /// The same reconciler under the operator's controls.
     pub fn with_controls(mut self, controls: Controls) -> Self {
         self.controls = controls;
