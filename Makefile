@@ -157,6 +157,18 @@ test-chart: tools ## The chart: helm lint --strict, helm-unittest (chart-tests/)
 	cargo test --locked -p chart-contract --tests 2>&1 | tee $(TEST_LOG)/chart-contract.log
 	@hack/check-no-leftovers.sh
 
+CARGO_MUTANTS_VERSION := 27.1.0
+CARGO_MUTANTS := $(OUT)/cargo/bin/cargo-mutants
+
+$(CARGO_MUTANTS):
+	$(call step,installing cargo-mutants $(CARGO_MUTANTS_VERSION) into $(OUT)/cargo)
+	cargo install --locked cargo-mutants@$(CARGO_MUTANTS_VERSION) --root $(OUT)/cargo
+
+.PHONY: mutants
+mutants: $(CARGO_MUTANTS) ## Mutation testing of the decision code (.cargo/mutants.toml); not part of make test.
+	$(call step,cargo mutants over bins/plunger's decision code)
+	$(CARGO_MUTANTS) mutants --package plunger --test-package plunger --output $(OUT)
+
 .PHONY: lint
 lint: ## cargo fmt --check and clippy with warnings denied.
 	$(call step,lint)
