@@ -181,6 +181,13 @@ lint: ## cargo fmt --check and clippy with warnings denied.
 demo: tools ## Start the local control plane and show it (Ctrl-C stops it).
 	cargo run --locked -q -p testkit --bin local-control-plane
 
+.PHONY: bench
+bench: tools ## Figures (not tests): drain, handover and sweep times on the local control plane, release builds.
+	$(call step,building release binaries)
+	cargo build --locked --release -p flux-plunger -p flux-plunger-drain -p flux-plunger-sweep
+	$(call step,running the benchmark (a few minutes))
+	cargo run --locked --release -q -p bench
+
 .PHONY: clean
 clean: ## Remove build output and tools.
 	cargo clean
