@@ -221,6 +221,21 @@ async fn a_stuck_release_loses_exactly_its_newest_revision_and_nothing_else() ->
         "every other field untouched"
     );
     assert_eq!(after.metadata.finalizers, before.metadata.finalizers);
+    // The annotation is written under the shared manager, never ours.
+    let annotation_owner = after.metadata.managed_fields.iter().flatten().find(|e| {
+        e.fields_v1.as_ref().is_some_and(|f| {
+            // JSON pointer escapes the annotation key's "/" as "~1".
+            f.0.pointer(&format!(
+                "/f:metadata/f:annotations/f:{}",
+                PROCESSED_VERSION_ANNOTATION.replace('/', "~1")
+            ))
+            .is_some()
+        })
+    });
+    assert_eq!(
+        annotation_owner.and_then(|e| e.manager.as_deref()),
+        Some("flux-client-side-apply")
+    );
     let events = w.ns.events_for("web").await?;
     assert!(
         events
