@@ -6,7 +6,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
-use anyhow::Context as _;
 use plunger::drain::{DrainReport, drain};
 use plunger::lease::{Attempt, LeaseLock};
 use plunger::reconcile::Reconciler;
@@ -21,10 +20,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     let identity = args.lease.identity();
     let namespace = args
         .lease
-        .leader_election_namespace
-        .clone()
-        .filter(|n| !n.is_empty())
-        .context("--leader-election-namespace (or POD_NAMESPACE) is required: the drain acts only for the Lease holder")?;
+        .namespace("the drain acts only for the Lease holder")?;
     tracing::info!(identity = %identity, drain_deadline = ?timings.drain_deadline, "idle until SIGTERM");
     wait_for_stop().await?;
     // The deadline counts from SIGTERM, which the kubelet sends us only once

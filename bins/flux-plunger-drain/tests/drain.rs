@@ -1,9 +1,8 @@
 //! The drain sidecar as a process against the local control plane (SPEC §6).
 
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use plunger::lease::{Attempt, LeaseLock};
@@ -14,15 +13,14 @@ use plunger::names::{
 use plunger::release::ReleaseView;
 use serde_json::json;
 use testkit::control_plane::AuthInfo;
+use testkit::process::LoggedProcess;
 use testkit::{Handled, SimulatedHelmController, TestNamespace, control_plane};
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, Command};
+use tokio::process::Command;
 
 const POD: &str = "flux-plunger-7d9f-abcde";
 
 struct Sidecar {
-    child: Child,
-    log: std::sync::Arc<std::sync::Mutex<String>>,
+    process: LoggedProcess,
     _dir: tempfile::TempDir,
 }
 
@@ -31,54 +29,29 @@ async fn start(ns: &str, grace: &str) -> Result<Sidecar> {
     let dir = tempfile::tempdir()?;
     let kubeconfig = dir.path().join("kubeconfig");
     control_plane().write_kubeconfig(&kubeconfig, &AuthInfo::AdminCertificate)?;
-    let mut child = Command::new(env!("CARGO_BIN_EXE_flux-plunger-drain"))
+    let mut command = Command::new(env!("CARGO_BIN_EXE_flux-plunger-drain"));
+    command
         .arg(format!("--kubeconfig={}", kubeconfig.display()))
         .arg(format!("--shutdown-grace-period-seconds={grace}"))
         .arg("--log-encoding=console")
         .env("POD_NAME", POD)
         .env("POD_NAMESPACE", ns)
-        .env_remove("RUST_LOG")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()?;
-    let log = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
-    let mut lines = BufReader::new(child.stderr.take().context("stderr")?).lines();
-    let sink = log.clone();
-    tokio::spawn(async move {
-        while let Ok(Some(line)) = lines.next_line().await {
-            eprintln!("drain: {line}");
-            let mut log = sink.lock().unwrap();
-            log.push_str(&line);
-            log.push('\n');
-        }
-    });
-    let sidecar = Sidecar {
-        child,
-        log,
-        _dir: dir,
-    };
-    testkit::eventually(Duration::from_secs(20), "the sidecar idles", || {
-        let idle = sidecar.log.lock().unwrap().contains("idle until SIGTERM");
-        async move { Ok(idle) }
-    })
-    .await?;
-    Ok(sidecar)
+        .env_remove("RUST_LOG");
+    let process = LoggedProcess::spawn(command, "drain")?;
+    process
+        .wait_logged("idle until SIGTERM", Duration::from_secs(20))
+        .await?;
+    Ok(Sidecar { process, _dir: dir })
 }
 
 impl Sidecar {
     /// Sends SIGTERM and waits for the exit.
     async fn terminate(mut self) -> Result<(std::process::ExitStatus, String, Duration)> {
-        let pid = self.child.id().context("no pid")?;
         let started = Instant::now();
-        std::process::Command::new("kill")
-            .args(["-TERM", &pid.to_string()])
-            .status()?;
-        let status = tokio::time::timeout(Duration::from_secs(150), self.child.wait()).await??;
+        let status = self.process.terminate(Duration::from_secs(150)).await?;
         let took = started.elapsed();
         tokio::time::sleep(Duration::from_millis(100)).await;
-        let log = self.log.lock().unwrap().clone();
-        Ok((status, log, took))
+        Ok((status, self.process.log(), took))
     }
 }
 

@@ -4,7 +4,6 @@
 //! wrote what, and when, is read from the apiserver's audit log: each pod
 //! runs under a ServiceAccount of its own.
 
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
@@ -17,63 +16,29 @@ use plunger::names::{
 use plunger::release::ReleaseView;
 use serde_json::{Value, json};
 use testkit::control_plane::{AuthInfo, workspace_binary};
+use testkit::process::LoggedProcess;
 use testkit::{Handled, SimulatedHelmController, TestNamespace, control_plane, eventually};
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, Command};
+use tokio::process::Command;
 
-struct Proc {
-    child: Child,
-    log: std::sync::Arc<std::sync::Mutex<String>>,
-}
-
-impl Proc {
-    fn spawn(
-        program: &std::path::Path,
-        args: &[String],
-        pod: &str,
-        ns: &str,
-        tag: &str,
-    ) -> Result<Self> {
-        let mut child = Command::new(program)
-            .args(args)
-            .env("POD_NAME", pod)
-            .env("POD_NAMESPACE", ns)
-            .env_remove("RUST_LOG")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()?;
-        let log = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
-        let mut lines = BufReader::new(child.stderr.take().context("stderr")?).lines();
-        let sink = log.clone();
-        let tag = tag.to_owned();
-        tokio::spawn(async move {
-            while let Ok(Some(line)) = lines.next_line().await {
-                eprintln!("{tag}: {line}");
-                let mut log = sink.lock().unwrap();
-                log.push_str(&line);
-                log.push('\n');
-            }
-        });
-        Ok(Self { child, log })
-    }
-
-    fn logged(&self, text: &str) -> bool {
-        self.log.lock().unwrap().contains(text)
-    }
-
-    async fn terminate(&mut self) -> Result<std::process::ExitStatus> {
-        let pid = self.child.id().context("no pid")?;
-        std::process::Command::new("kill")
-            .args(["-TERM", &pid.to_string()])
-            .status()?;
-        Ok(tokio::time::timeout(Duration::from_secs(120), self.child.wait()).await??)
-    }
+fn spawn(
+    program: &std::path::Path,
+    args: &[String],
+    pod: &str,
+    ns: &str,
+    tag: &str,
+) -> Result<LoggedProcess> {
+    let mut command = Command::new(program);
+    command
+        .args(args)
+        .env("POD_NAME", pod)
+        .env("POD_NAMESPACE", ns)
+        .env_remove("RUST_LOG");
+    LoggedProcess::spawn(command, tag)
 }
 
 struct Pod {
-    controller: Proc,
-    drain: Proc,
+    controller: LoggedProcess,
+    drain: LoggedProcess,
 }
 
 async fn start_pod(ns: &TestNamespace, pod: &str, dir: &std::path::Path) -> Result<Pod> {
@@ -93,25 +58,23 @@ async fn start_pod(ns: &TestNamespace, pod: &str, dir: &std::path::Path) -> Resu
         "--metrics-addr=127.0.0.1:0".to_owned(),
         "--health-addr=127.0.0.1:0".to_owned(),
     ]);
-    let controller = Proc::spawn(
+    let controller = spawn(
         &workspace_binary("flux-plunger")?,
         &controller_args,
         pod,
         &ns.name,
         &format!("{pod}/controller"),
     )?;
-    let drain = Proc::spawn(
+    let drain = spawn(
         &workspace_binary("flux-plunger-drain")?,
         &common,
         pod,
         &ns.name,
         &format!("{pod}/drain"),
     )?;
-    eventually(Duration::from_secs(20), "the drain sidecar idles", || {
-        let idle = drain.logged("idle until SIGTERM");
-        async move { Ok(idle) }
-    })
-    .await?;
+    drain
+        .wait_logged("idle until SIGTERM", Duration::from_secs(20))
+        .await?;
     Ok(Pod { controller, drain })
 }
 
@@ -227,12 +190,14 @@ async fn the_next_pod_writes_only_after_the_first_pods_drain_and_leads_seconds_l
         .await?;
 
     // The kubelet's order: the controller first, then the sidecar.
-    assert!(a.controller.terminate().await?.success());
+    assert!(
+        a.controller
+            .terminate(Duration::from_secs(120))
+            .await?
+            .success()
+    );
     let drain_started = Instant::now();
-    let pid = a.drain.child.id().context("no pid")?;
-    std::process::Command::new("kill")
-        .args(["-TERM", &pid.to_string()])
-        .status()?;
+    a.drain.sigterm()?;
     // Stuck while pod-a drains: pod-b must leave it alone until the handover.
     stuck(&ns, &hc, "late").await?;
     tokio::time::sleep(Duration::from_secs(3)).await;
@@ -243,7 +208,7 @@ async fn the_next_pod_writes_only_after_the_first_pods_drain_and_leads_seconds_l
     assert!(
         a.drain.logged("drain complete: no fence left"),
         "{}",
-        a.drain.log.lock().unwrap()
+        a.drain.log()
     );
     assert!(a.drain.logged("handed the Lease over"));
     assert!(
@@ -296,8 +261,13 @@ async fn the_next_pod_writes_only_after_the_first_pods_drain_and_leads_seconds_l
     );
     assert!(b.controller.logged("became the leader"));
 
-    assert!(b.controller.terminate().await?.success());
-    assert!(b.drain.terminate().await?.success());
+    assert!(
+        b.controller
+            .terminate(Duration::from_secs(120))
+            .await?
+            .success()
+    );
+    assert!(b.drain.terminate(Duration::from_secs(120)).await?.success());
     bindings
         .delete(&format!("{}-admin", ns.name), &DeleteParams::default())
         .await?;

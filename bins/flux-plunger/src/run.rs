@@ -53,10 +53,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     if args.leader_elect {
         let namespace = args
             .lease
-            .leader_election_namespace
-            .clone()
-            .filter(|n| !n.is_empty())
-            .context("--leader-elect needs --leader-election-namespace (or POD_NAMESPACE)")?;
+            .namespace("--leader-elect keeps its Lease there")?;
         let mut lock = LeaseLock::new(
             client.clone(),
             &namespace,

@@ -112,6 +112,17 @@ pub struct LeaseArgs {
 }
 
 impl LeaseArgs {
+    /// The Lease's namespace, or an error that names the flag and says why
+    /// it is needed.
+    pub fn namespace(&self, why: &str) -> anyhow::Result<String> {
+        self.leader_election_namespace
+            .clone()
+            .filter(|n| !n.is_empty())
+            .ok_or_else(|| {
+                anyhow::anyhow!("--leader-election-namespace (or POD_NAMESPACE) is required: {why}")
+            })
+    }
+
     /// The holder identity: the pod name, else the hostname.
     pub fn identity(&self) -> String {
         self.pod_name

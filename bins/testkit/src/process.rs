@@ -87,3 +87,75 @@ impl Drop for Supervised {
         self.stop();
     }
 }
+
+/// One of our binaries run by a test: its stderr is echoed (tagged) and kept,
+/// so the test can wait for a log line; killed when dropped.
+pub struct LoggedProcess {
+    pub child: tokio::process::Child,
+    log: std::sync::Arc<std::sync::Mutex<String>>,
+}
+
+impl LoggedProcess {
+    /// Spawns `command` (its stderr is taken over) and tags echoed lines.
+    pub fn spawn(mut command: tokio::process::Command, tag: &str) -> Result<Self> {
+        use tokio::io::{AsyncBufReadExt, BufReader};
+        let mut child = command
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .with_context(|| format!("starting {tag}"))?;
+        let log = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let mut lines = BufReader::new(child.stderr.take().context("no stderr")?).lines();
+        let sink = log.clone();
+        let tag = tag.to_owned();
+        tokio::spawn(async move {
+            while let Ok(Some(line)) = lines.next_line().await {
+                eprintln!("{tag}: {line}");
+                let mut log = sink.lock().unwrap();
+                log.push_str(&line);
+                log.push('\n');
+            }
+        });
+        Ok(Self { child, log })
+    }
+
+    /// Everything logged so far.
+    pub fn log(&self) -> String {
+        self.log.lock().unwrap().clone()
+    }
+
+    pub fn logged(&self, text: &str) -> bool {
+        self.log.lock().unwrap().contains(text)
+    }
+
+    /// Waits until `text` was logged.
+    pub async fn wait_logged(&self, text: &str, timeout: std::time::Duration) -> Result<()> {
+        let deadline = std::time::Instant::now() + timeout;
+        while !self.logged(text) {
+            if std::time::Instant::now() > deadline {
+                anyhow::bail!("timed out waiting for {text:?} in:\n{}", self.log());
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        Ok(())
+    }
+
+    /// Sends SIGTERM.
+    pub fn sigterm(&self) -> Result<()> {
+        let pid = self.child.id().context("the process has exited")?;
+        Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status()?;
+        Ok(())
+    }
+
+    /// Sends SIGTERM and waits (at most `timeout`) for the exit.
+    pub async fn terminate(
+        &mut self,
+        timeout: std::time::Duration,
+    ) -> Result<std::process::ExitStatus> {
+        self.sigterm()?;
+        Ok(tokio::time::timeout(timeout, self.child.wait()).await??)
+    }
+}
