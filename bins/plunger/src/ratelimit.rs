@@ -87,7 +87,10 @@ mod tests {
 
     #[test]
     fn the_wait_is_for_the_part_of_a_token_still_missing() {
-        let mut bucket = Bucket { tokens: 0.5, per_minute: 6 };
+        let mut bucket = Bucket {
+            tokens: 0.5,
+            per_minute: 6,
+        };
         assert_eq!(bucket.take(), Err(Duration::from_secs(5)));
     }
 

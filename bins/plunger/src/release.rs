@@ -403,6 +403,33 @@ mod tests {
     }
 
     #[test]
+    fn the_remote_kubeconfig_reference_ignores_empty_names_and_keys() {
+        let view = |secret_ref: Value| {
+            ReleaseView::from_object(&object(json!({
+                "metadata": {"name": "web", "namespace": "apps"},
+                "spec": {"kubeConfig": {"secretRef": secret_ref}},
+            })))
+            .kube_config_secret
+        };
+        assert_eq!(
+            view(json!({"name": "kc", "key": "custom"})),
+            Some(KubeConfigSecretRef {
+                name: "kc".into(),
+                key: Some("custom".into())
+            })
+        );
+        assert_eq!(
+            view(json!({"name": "kc", "key": ""})),
+            Some(KubeConfigSecretRef {
+                name: "kc".into(),
+                key: None
+            })
+        );
+        assert_eq!(view(json!({"name": "", "key": "custom"})), None);
+        assert_eq!(view(json!({"key": "custom"})), None);
+    }
+
+    #[test]
     fn the_processed_annotation_is_parsed_as_a_decimal_revision() {
         let mut view = ReleaseView::default();
         assert_eq!(view.processed_version(), ProcessedVersion::Absent);
