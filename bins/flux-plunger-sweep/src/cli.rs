@@ -16,6 +16,8 @@ pub struct Args {
     pub command: Option<Command>,
 }
 
+// Parsed once at start; the size of the hook's variant (its Timings) is moot.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// The pre-delete hook (the default): stop flux-plunger, wait for its
