@@ -33,11 +33,13 @@ help: ## List the targets.
 
 ##@ Tools
 
+HELM_CONTROLLERS := $(foreach v,$(HELM_CONTROLLER_E2E_VERSIONS),$(BIN)/helm-controller-$(v))
 TOOLS := $(BIN)/kube-apiserver $(BIN)/kubectl $(BIN)/etcd $(BIN)/helm \
-	$(HELM_PLUGINS)/unittest/plugin.yaml $(CRDS)/.done
+	$(HELM_PLUGINS)/unittest/plugin.yaml $(CRDS)/.done $(CRDS)/.source-controller.done \
+	$(HELM_CONTROLLERS)
 
 .PHONY: tools
-tools: $(TOOLS) ## Build the pinned tools (etcd, kube-apiserver, kubectl, helm, helm-unittest) and fetch the CRDs into _out/.
+tools: $(TOOLS) ## Build the pinned tools (etcd, kube-apiserver, kubectl, helm, helm-unittest, helm-controller) and fetch the CRDs into _out/.
 	@echo ">> tools ready in $(BIN)"
 
 K8S_MOD := hack/tools/kubernetes/go.mod hack/tools/kubernetes/go.sum
@@ -73,13 +75,37 @@ $(HELM_PLUGINS)/unittest/plugin.yaml: $(HELM_MOD) hack/tools/helm/unittest-plugi
 	cd hack/tools/helm && $(GO_BUILD) -o $(HELM_PLUGINS)/unittest/untt github.com/helm-unittest/helm-unittest/cmd/helm-unittest
 	cp hack/tools/helm/unittest-plugin.yaml $@
 
+# The directory of a downloaded module: $(call module_dir,path@version).
+module_dir = $$(go mod download -json $(1) | sed -n 's/^\t"Dir": "\(.*\)",$$/\1/p')
+# Copies CRD files into _out/crds only when they differ: a control plane
+# starting elsewhere may be reading them.
+install_crds = for f in $(1); do cmp -s "$$f" $(CRDS)/$$(basename "$$f") || install -m 0644 "$$f" $(CRDS)/; done
+
 $(CRDS)/.done: hack/tools/versions.mk
 	$(call step,taking the HelmRelease CRD from github.com/fluxcd/helm-controller@$(HELM_CONTROLLER_VERSION))
 	mkdir -p $(CRDS)
-	dir=$$(go mod download -json github.com/fluxcd/helm-controller@$(HELM_CONTROLLER_VERSION) | sed -n 's/^\t"Dir": "\(.*\)",$$/\1/p'); \
+	dir=$(call module_dir,github.com/fluxcd/helm-controller@$(HELM_CONTROLLER_VERSION)); \
 	  test -n "$$dir" || { echo "could not download github.com/fluxcd/helm-controller@$(HELM_CONTROLLER_VERSION)"; exit 1; }; \
-	  install -m 0644 "$$dir"/config/crd/bases/helm.toolkit.fluxcd.io_helmreleases.yaml $(CRDS)/
+	  $(call install_crds,"$$dir"/config/crd/bases/helm.toolkit.fluxcd.io_helmreleases.yaml)
 	touch $@
+
+$(CRDS)/.source-controller.done: hack/tools/versions.mk
+	$(call step,taking source-controller's CRDs at the version helm-controller@$(HELM_CONTROLLER_VERSION) requires)
+	mkdir -p $(CRDS)
+	hc=$(call module_dir,github.com/fluxcd/helm-controller@$(HELM_CONTROLLER_VERSION)); \
+	  sc_version=$$(awk '$$1 == "github.com/fluxcd/source-controller/api" { print $$2 }' "$$hc"/go.mod); \
+	  test -n "$$sc_version" || { echo "no source-controller/api requirement in helm-controller's go.mod"; exit 1; }; \
+	  echo ">> github.com/fluxcd/source-controller@$$sc_version"; \
+	  sc=$(call module_dir,github.com/fluxcd/source-controller@$$sc_version); \
+	  test -n "$$sc" || { echo "could not download github.com/fluxcd/source-controller@$$sc_version"; exit 1; }; \
+	  $(call install_crds,"$$sc"/config/crd/bases/source.toolkit.fluxcd.io_*.yaml)
+	touch $@
+
+# Flux's helm-controller at each version of HELM_CONTROLLER_E2E_VERSIONS
+# (cold: about 4 minutes for the first, seconds for a sibling patch release).
+$(BIN)/helm-controller-%: hack/build-helm-controller.sh
+	$(call step,building helm-controller $* from github.com/fluxcd/helm-controller@$*)
+	hack/build-helm-controller.sh $* $@
 
 ##@ Build
 
