@@ -19,7 +19,7 @@ if [ $# -ne 2 ]; then
 fi
 version=$1
 # Absolute: the build runs in another directory.
-out=$(realpath -m "$2")
+out=$(realpath -ms "$2")
 module=github.com/fluxcd/helm-controller
 
 say() { printf '>> helm-controller %s: %s\n' "$version" "$*"; }
