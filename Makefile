@@ -103,7 +103,8 @@ $(CRDS)/.source-controller.done: hack/tools/versions.mk
 
 # Flux's helm-controller at each version of HELM_CONTROLLER_E2E_VERSIONS
 # (cold, on 2 cores: about 3.5 minutes for v1.6.4, then about 2 for v1.6.1,
-# whose dependencies differ by patch versions; warm: seconds).
+# whose dependencies differ by patch versions, and 4.5 for v1.4.0, on Helm v3;
+# warm: seconds).
 $(BIN)/helm-controller-%: hack/build-helm-controller.sh
 	$(call step,building helm-controller $* from github.com/fluxcd/helm-controller@$*)
 	hack/build-helm-controller.sh $* $@

@@ -100,7 +100,8 @@ fn is_stuck(o: &Observed) -> bool {
 /// revision 2 `deployed`), then leaves revision 2 as an interrupted uninstall
 /// leaves it and asks for another upgrade.
 ///
-/// Why that gets stuck, in helm-controller v1.6's and Helm v4's code:
+/// Why that gets stuck, in helm-controller v1.6's and Helm v4's code (v1.4
+/// and Helm v3 decide the same way):
 /// 1. rewriting revision 2 changes the release object, so its digest no longer
 ///    matches the snapshot in `status.history`: `DetermineReleaseState` calls
 ///    the release "Unmanaged", clears the history and runs a Helm upgrade;
