@@ -24,6 +24,9 @@ export FLUX_PLUNGER_OUT := $(OUT)
 export PATH := $(BIN):$(PATH)
 
 CARGO_TEST := cargo test --workspace --locked
+# Every test tier appends its runner's output here; `make test` ends with one
+# line that sums them up ("N passed, N failed").
+TEST_LOG := $(CURDIR)/target/test-logs
 
 step = @printf '\n\033[1m>> %s\033[0m\n' "$(1)"
 
@@ -119,21 +122,67 @@ build: ## Build the three binaries (debug).
 release: ## Build the three binaries (release, stripped).
 	cargo build --locked --release -p flux-plunger -p flux-plunger-drain -p flux-plunger-sweep
 
+# The image the chart runs by default: repository and tag as in chart/.
+IMAGE ?= ghcr.io/flux-plunger/flux-plunger
+IMAGE_TAG ?= $(shell sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}$$/\1/p' chart/Chart.yaml)
+DOCKER ?= docker
+
+.PHONY: image
+image: ## Build the image (three static binaries, non-root, distroless) with Docker; needs a Docker engine.
+	$(call step,image $(IMAGE):$(IMAGE_TAG) from the Dockerfile)
+	@command -v $(DOCKER) >/dev/null 2>&1 || { \
+	  echo "make image: '$(DOCKER)' is not installed; building the image needs Docker with BuildKit. No image was built." >&2; exit 1; }
+	@$(DOCKER) info >/dev/null 2>&1 || { \
+	  echo "make image: '$(DOCKER)' cannot reach a Docker engine ('$(DOCKER) info' failed): start one, or point DOCKER_HOST at one. No image was built." >&2; exit 1; }
+	DOCKER_BUILDKIT=1 $(DOCKER) build --tag $(IMAGE):$(IMAGE_TAG) .
+
 ##@ Test
 
 .PHONY: test
-test: lint tools test-unit test-envtest e2e ## Run every test tier (what CI runs).
+test: test-log-reset lint tools test-unit test-envtest test-chart e2e ## Run every test tier (what CI runs).
 	@echo ">> every test tier passed"
+	@hack/test-summary.sh $(TEST_LOG)
+
+.PHONY: test-log-reset
+test-log-reset:
+	@rm -rf $(TEST_LOG) && mkdir -p $(TEST_LOG)
 
 .PHONY: test-unit
 test-unit: ## Unit tests: pure, no control plane.
 	$(call step,unit tests)
-	$(CARGO_TEST) --lib --bins
+	@mkdir -p $(TEST_LOG)
+	$(CARGO_TEST) --lib --bins 2>&1 | tee $(TEST_LOG)/unit.log
 
 .PHONY: test-envtest
 test-envtest: tools ## Integration tests against the local control plane.
 	$(call step,integration tests against the local control plane)
-	$(CARGO_TEST) --exclude e2e --tests --test '*'
+	@mkdir -p $(TEST_LOG)
+	$(CARGO_TEST) --test '*' --exclude chart-contract --exclude e2e 2>&1 | tee $(TEST_LOG)/envtest.log
+	@hack/check-no-leftovers.sh
+
+# The chart's suites live in chart-tests/, beside the chart rather than inside
+# it (so they are never packaged); helm-unittest resolves -f relative to the chart.
+CHART := chart
+CHART_TESTS := chart-tests
+CHART_LINT_VALUES = $(wildcard $(CHART_TESTS)/values/*.yaml)
+
+.PHONY: test-chart
+test-chart: tools ## The chart: helm lint --strict, helm-unittest (chart-tests/), contract and install tests (bins/chart-contract).
+	$(call step,chart: helm lint --strict with the default values)
+	helm lint --strict --kube-version $(K8S_VERSION) $(CHART)
+	$(call step,chart: helm lint --strict with each value set in $(CHART_TESTS)/values/)
+	for values in $(CHART_LINT_VALUES); do \
+	  echo "-- $$values"; helm lint --strict --kube-version $(K8S_VERSION) -f "$$values" $(CHART); \
+	done
+	$(call step,chart: helm-unittest suites in $(CHART_TESTS)/)
+	@# helm unittest passes when its glob matches nothing: make sure it does not.
+	@ls $(CHART_TESTS)/*_test.yaml $(CHART_TESTS)/without-schema/*_test.yaml >/dev/null
+	@mkdir -p $(TEST_LOG)
+	helm unittest --strict -f '../$(CHART_TESTS)/*_test.yaml' $(CHART) 2>&1 | tee $(TEST_LOG)/chart-unittest.log
+	$(call step,chart: helm-unittest suites in $(CHART_TESTS)/without-schema/ with --skip-schema-validation)
+	helm unittest --strict --skip-schema-validation -f '../$(CHART_TESTS)/without-schema/*_test.yaml' $(CHART) 2>&1 | tee $(TEST_LOG)/chart-unittest-noschema.log
+	$(call step,chart: contract tests (bins/chart-contract): the binaries' flags and timings against helm template; helm install into the local control plane)
+	cargo test --locked -p chart-contract --tests 2>&1 | tee $(TEST_LOG)/chart-contract.log
 	@hack/check-no-leftovers.sh
 
 # The e2e tests mostly wait on helm-controller, so they run many at a time.
@@ -142,10 +191,12 @@ E2E_THREADS ?= 8
 .PHONY: e2e
 e2e: tools ## End-to-end tests against Flux's real helm-controller, once per version in HELM_CONTROLLER_E2E_VERSIONS.
 	cargo test --locked -p e2e --no-run
+	@mkdir -p $(TEST_LOG)
 	@for v in $(HELM_CONTROLLER_E2E_VERSIONS); do \
 	  printf '\n\033[1m>> %s\033[0m\n' "e2e against the real helm-controller $$v"; \
 	  started=$$SECONDS; \
-	  FLUX_PLUNGER_HELM_CONTROLLER_VERSION=$$v cargo test --locked -p e2e --tests -- --test-threads=$(E2E_THREADS) || exit 1; \
+	  FLUX_PLUNGER_HELM_CONTROLLER_VERSION=$$v cargo test --locked -p e2e --tests -- --test-threads=$(E2E_THREADS) 2>&1 \
+	    | tee $(TEST_LOG)/e2e-$$v.log || exit 1; \
 	  echo ">> helm-controller $$v: e2e passed in $$(( SECONDS - started ))s"; \
 	done
 	@hack/check-no-leftovers.sh

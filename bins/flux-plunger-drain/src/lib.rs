@@ -1,4 +1,5 @@
-//! Library part of flux-plunger-drain: its flags, shared with the contract tests.
+//! Library part of flux-plunger-drain: its flags and its run, shared with the tests.
 #![forbid(unsafe_code)]
 
 pub mod cli;
+pub mod run;

@@ -2,13 +2,19 @@
 //! when its pod stops (SPEC §6).
 #![forbid(unsafe_code)]
 
+use std::process::ExitCode;
+
 use clap::Parser;
 use flux_plunger_drain::cli::Args;
 
-fn main() -> std::process::ExitCode {
-    let _args = Args::parse();
-    eprintln!(
-        "flux-plunger-drain: the drain has not landed yet (see the shutdown issue); refusing to pretend"
-    );
-    std::process::ExitCode::FAILURE
+#[tokio::main]
+async fn main() -> ExitCode {
+    let args = Args::parse();
+    match flux_plunger_drain::run::run(args).await {
+        Ok(code) => code,
+        Err(err) => {
+            eprintln!("flux-plunger-drain: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
 }

@@ -3,17 +3,30 @@
 use clap::{Args as ClapArgs, Parser, Subcommand, ValueEnum};
 use plunger::cli::{GraceArgs, KubeArgs, LogArgs};
 
-/// Releases flux-plunger's uninstall fences: the chart's pre-delete hook, and
-/// operator commands to list and release leftovers.
+/// Releases flux-plunger's uninstall fences: the chart's pre-delete hook (the
+/// default command), and operator commands to list and release leftovers.
 #[derive(Parser, Debug)]
-#[command(name = "flux-plunger-sweep", version, about, long_about)]
+#[command(
+    name = "flux-plunger-sweep",
+    version,
+    about,
+    long_about,
+    // `flux-plunger-sweep --namespace=...` is `flux-plunger-sweep hook --namespace=...`.
+    args_conflicts_with_subcommands = true,
+    subcommand_negates_reqs = true
+)]
 pub struct Args {
-    #[command(flatten)]
-    pub kube: KubeArgs,
-    #[command(flatten)]
-    pub log: LogArgs,
     #[command(subcommand)]
     pub command: Option<Command>,
+    #[command(flatten)]
+    pub hook: HookArgs,
+}
+
+impl Args {
+    /// The command to run: the hook when none is named.
+    pub fn into_command(self) -> Command {
+        self.command.unwrap_or(Command::Hook(self.hook))
+    }
 }
 
 // Parsed once at start; the size of the hook's variant (its Timings) is moot.
@@ -26,17 +39,24 @@ pub enum Command {
     /// List fenced releases, suspensions flux-plunger holds, and suspensions
     /// an older flux-plunger probably left behind.
     List(ListArgs),
-    /// Release one HelmRelease by hand: lift flux-plunger's sole suspension
-    /// and remove its fence, refusing what is unsafe.
+    /// Release one HelmRelease by hand: remove flux-plunger's fence and lift
+    /// a suspension flux-plunger alone holds, refusing what is unsafe.
     Release(ReleaseArgs),
 }
 
 /// The hook's flags.
 #[derive(ClapArgs, Debug)]
 pub struct HookArgs {
-    /// Namespace of the flux-plunger Deployment and its Lease.
+    #[command(flatten)]
+    pub kube: KubeArgs,
+    #[command(flatten)]
+    pub log: LogArgs,
+    /// Namespace of the flux-plunger Deployment and its Lease (required; the
+    /// chart passes it through the downward API).
+    // Optional to clap: a required flag of the default command would be
+    // required of `list` and `release` too. `run` refuses its absence.
     #[arg(long, env = "POD_NAMESPACE", value_name = "NAMESPACE")]
-    pub namespace: String,
+    pub namespace: Option<String>,
     /// The flux-plunger Deployment to stop.
     #[arg(long, default_value = "flux-plunger", value_name = "NAME")]
     pub deployment: String,
@@ -65,6 +85,10 @@ pub enum Output {
 /// `list`'s flags.
 #[derive(ClapArgs, Debug)]
 pub struct ListArgs {
+    #[command(flatten)]
+    pub kube: KubeArgs,
+    #[command(flatten)]
+    pub log: LogArgs,
     /// Output format.
     #[arg(short = 'o', long, value_enum, default_value_t = Output::Table)]
     pub output: Output,
@@ -73,7 +97,25 @@ pub struct ListArgs {
 /// `release`'s flags.
 #[derive(ClapArgs, Debug)]
 pub struct ReleaseArgs {
+    #[command(flatten)]
+    pub kube: KubeArgs,
+    #[command(flatten)]
+    pub log: LogArgs,
     /// The HelmRelease, as NAMESPACE/NAME.
-    #[arg(value_name = "NAMESPACE/NAME")]
-    pub release: String,
+    #[arg(value_name = "NAMESPACE/NAME", value_parser = parse_key)]
+    pub release: (String, String),
+    /// Also let go of a release that is being deleted before helm-controller
+    /// has uninstalled it. Its Helm uninstall is then skipped: use only once
+    /// you have confirmed it has run or is not wanted.
+    #[arg(long)]
+    pub without_uninstall: bool,
+}
+
+fn parse_key(text: &str) -> Result<(String, String), String> {
+    match text.split_once('/') {
+        Some((ns, name)) if !ns.is_empty() && !name.is_empty() && !name.contains('/') => {
+            Ok((ns.to_owned(), name.to_owned()))
+        }
+        _ => Err(format!("{text:?} is not NAMESPACE/NAME")),
+    }
 }

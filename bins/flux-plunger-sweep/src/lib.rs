@@ -1,4 +1,5 @@
-//! Library part of flux-plunger-sweep: its flags, shared with the contract tests.
+//! Library part of flux-plunger-sweep: its flags and commands, shared with the tests.
 #![forbid(unsafe_code)]
 
 pub mod cli;
+pub mod run;

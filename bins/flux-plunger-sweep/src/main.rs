@@ -1,13 +1,20 @@
-//! flux-plunger-sweep: the chart's pre-delete hook (SPEC §8).
+//! flux-plunger-sweep: the chart's pre-delete hook (SPEC §8) and operator
+//! commands to list and release flux-plunger's leftovers.
 #![forbid(unsafe_code)]
+
+use std::process::ExitCode;
 
 use clap::Parser;
 use flux_plunger_sweep::cli::Args;
 
-fn main() -> std::process::ExitCode {
-    let _args = Args::parse();
-    eprintln!(
-        "flux-plunger-sweep: the sweep has not landed yet (see the sweeper issue); refusing to pretend"
-    );
-    std::process::ExitCode::FAILURE
+#[tokio::main]
+async fn main() -> ExitCode {
+    let command = Args::parse().into_command();
+    match flux_plunger_sweep::run::run(command).await {
+        Ok(code) => code,
+        Err(err) => {
+            eprintln!("flux-plunger-sweep: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
 }

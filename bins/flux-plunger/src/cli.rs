@@ -44,4 +44,18 @@ pub struct Args {
         value_name = "BOOL"
     )]
     pub leader_elect: bool,
+    /// Decide and report (log, event, metric) what would be done, and write
+    /// nothing to any HelmRelease or Secret.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Watch only this namespace; repeat for several. All namespaces when unset.
+    #[arg(long = "watch-namespace", value_name = "NAMESPACE")]
+    pub watch_namespaces: Vec<String>,
+    /// Watch only HelmReleases matching this label selector.
+    #[arg(long, value_name = "SELECTOR")]
+    pub watch_label_selector: Option<String>,
+    /// Start at most this many recoveries per minute (a burst up to it, then
+    /// evenly spread); 0 means no limit.
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    pub max_recoveries_per_minute: u32,
 }

@@ -2,3 +2,7 @@
 #![forbid(unsafe_code)]
 
 pub mod cli;
+pub mod controller;
+pub mod metrics;
+pub mod run;
+pub mod server;

@@ -76,11 +76,15 @@ impl LogArgs {
             LogLevel::Warn => "warn",
             LogLevel::Error => "error",
         };
-        // Our crates at the chosen level; the libraries one step quieter.
-        let filter = tracing_subscriber::EnvFilter::try_new(format!(
-            "warn,plunger={level},flux_plunger={level},flux_plunger_drain={level},flux_plunger_sweep={level}"
-        ))
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        // Our crates at the chosen level, the libraries at warn; RUST_LOG,
+        // when set, overrides both (for debugging a library).
+        let directives = std::env::var("RUST_LOG").unwrap_or_else(|_| {
+            format!(
+                "warn,plunger={level},flux_plunger={level},flux_plunger_drain={level},flux_plunger_sweep={level}"
+            )
+        });
+        let filter = tracing_subscriber::EnvFilter::try_new(directives)
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
         let builder = tracing_subscriber::fmt()
             .with_env_filter(filter)
             .with_writer(std::io::stderr);

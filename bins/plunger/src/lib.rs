@@ -3,7 +3,18 @@
 //! modules that talk to the apiserver only carry them out.
 #![forbid(unsafe_code)]
 
+pub mod apply;
 pub mod cli;
+pub mod decide;
+pub mod drain;
+pub mod error;
+pub mod events;
+pub mod lease;
 pub mod names;
+pub mod ratelimit;
+pub mod reconcile;
 pub mod release;
+pub mod storage;
+pub mod sweep;
+pub mod test_hooks;
 pub mod timings;

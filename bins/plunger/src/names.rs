@@ -22,6 +22,12 @@ pub const HELM_CONTROLLER_FINALIZER: &str = "finalizers.fluxcd.io";
 /// The newest storage revision we reclaimed, as a decimal string.
 pub const PROCESSED_VERSION_ANNOTATION: &str = "flux-plunger.cozystack.io/last-processed-version";
 
+/// Per-release opt-out: `disabled` keeps flux-plunger from starting a
+/// recovery of this release (it still releases its own fence and suspension).
+pub const RECOVER_ANNOTATION: &str = "flux-plunger.cozystack.io/recover";
+/// The value of [`RECOVER_ANNOTATION`] that opts a release out.
+pub const RECOVER_DISABLED: &str = "disabled";
+
 /// The server-side-apply field manager whose `Apply` ownership of
 /// `spec.suspend` is, by definition, our suspension.
 pub const FIELD_MANAGER: &str = "flux-plunger";
@@ -53,6 +59,7 @@ pub mod reasons {
     pub const TERMINATING_WHILE_SUSPENDED: &str = "TerminatingWhileSuspended";
     pub const UNINSTALL_FENCE_HELD: &str = "UninstallFenceHeld";
     pub const RECOVERED: &str = "Recovered";
+    pub const RECOVERY_DRY_RUN: &str = "RecoveryDryRun";
 }
 
 /// The name Helm gives the storage Secret of `release` at `revision`.

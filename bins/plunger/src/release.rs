@@ -35,6 +35,8 @@ pub struct ReleaseView {
     pub resource_version: String,
     pub generation: Option<i64>,
     pub terminating: bool,
+    /// When the delete was requested (`metadata.deletionTimestamp`).
+    pub deleted_at: Option<k8s_openapi::jiff::Timestamp>,
     pub finalizers: Vec<String>,
     pub annotations: BTreeMap<String, String>,
     pub managed_fields: Vec<ManagedFieldsEntry>,
@@ -111,6 +113,7 @@ impl ReleaseView {
             resource_version: meta.resource_version.clone().unwrap_or_default(),
             generation: meta.generation,
             terminating: meta.deletion_timestamp.is_some(),
+            deleted_at: meta.deletion_timestamp.as_ref().map(|t| t.0),
             finalizers: meta.finalizers.clone().unwrap_or_default(),
             annotations: meta.annotations.clone().unwrap_or_default(),
             managed_fields: meta.managed_fields.clone().unwrap_or_default(),
@@ -127,6 +130,17 @@ impl ReleaseView {
             status_latest_history_name,
             malformed,
         }
+    }
+
+    /// How long the release has been terminating, at `now`.
+    pub fn terminating_for(
+        &self,
+        now: k8s_openapi::jiff::Timestamp,
+    ) -> Option<std::time::Duration> {
+        self.deleted_at.map(|at| {
+            let elapsed = now.duration_since(at);
+            std::time::Duration::try_from(elapsed).unwrap_or_default()
+        })
     }
 
     /// `namespace/name`, for logs and reports.
@@ -190,6 +204,13 @@ impl ReleaseView {
         !self.has_helm_controller_finalizer()
             && self.generation.is_some()
             && self.observed_generation == self.generation
+    }
+
+    /// The release is opted out of recoveries by its annotation.
+    pub fn recovery_disabled(&self) -> bool {
+        self.annotations
+            .get(crate::names::RECOVER_ANNOTATION)
+            .is_some_and(|v| v == crate::names::RECOVER_DISABLED)
     }
 
     pub fn carries_processed_annotation(&self) -> bool {
@@ -267,4 +288,98 @@ pub fn helmreleases(client: kube::Client, namespace: &str) -> kube::Api<DynamicO
 /// HelmReleases of every namespace.
 pub fn all_helmreleases(client: kube::Client) -> kube::Api<DynamicObject> {
     kube::Api::all_with(client, &helmrelease_resource())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn object(value: Value) -> DynamicObject {
+        serde_json::from_value(value).unwrap()
+    }
+
+    #[test]
+    fn a_release_with_no_status_is_not_stuck() {
+        let view = ReleaseView::from_object(&object(json!({
+            "metadata": {"name": "web", "namespace": "apps"},
+            "spec": {"interval": "5m"},
+        })));
+        assert!(!view.is_stuck());
+        assert!(!view.suspend);
+        assert!(view.malformed.is_empty());
+        assert_eq!(view.key(), "apps/web");
+    }
+
+    #[test]
+    fn malformed_fields_read_as_absent_and_are_reported() {
+        let view = ReleaseView::from_object(&object(json!({
+            "metadata": {"name": "web", "namespace": "apps"},
+            "spec": {"suspend": "yes"},
+            "status": {"conditions": {"type": "Ready"}, "observedGeneration": "three", "history": 5},
+        })));
+        assert!(!view.suspend);
+        assert_eq!(view.ready, None);
+        assert_eq!(view.observed_generation, None);
+        assert_eq!(view.status_latest_history_name, None);
+        assert_eq!(
+            view.malformed,
+            vec![
+                "spec.suspend",
+                "status.conditions",
+                "status.observedGeneration",
+                "status.history"
+            ]
+        );
+    }
+
+    #[test]
+    fn conditions_of_unknown_shape_are_skipped_and_the_ready_one_is_found() {
+        let view = ReleaseView::from_object(&object(json!({
+            "metadata": {"name": "web", "namespace": "apps"},
+            "status": {"conditions": [
+                "not an object",
+                {"type": 7},
+                {"type": "Ready", "status": "False", "message": "x has no deployed releases"},
+            ]},
+        })));
+        assert!(view.is_stuck());
+    }
+
+    #[test]
+    fn the_identity_fields_and_history_are_read() {
+        let view = ReleaseView::from_object(&object(json!({
+            "metadata": {"name": "web", "namespace": "apps", "deletionTimestamp": "2026-01-01T00:00:00Z",
+                "finalizers": ["finalizers.fluxcd.io", FENCE_FINALIZER, FENCE_FINALIZER]},
+            "spec": {"releaseName": "rel", "targetNamespace": "t", "storageNamespace": "s", "kubeConfig": {"secretRef": {"name": "k"}}},
+            "status": {"storageNamespace": "s2", "history": [{"name": "hist"}, {"name": "older"}]},
+        })));
+        assert_eq!(view.spec_release_name.as_deref(), Some("rel"));
+        assert_eq!(view.spec_target_namespace.as_deref(), Some("t"));
+        assert_eq!(view.spec_storage_namespace.as_deref(), Some("s"));
+        assert_eq!(view.status_storage_namespace.as_deref(), Some("s2"));
+        assert_eq!(view.status_latest_history_name.as_deref(), Some("hist"));
+        assert!(view.has_kube_config && view.terminating);
+        assert_eq!(view.fence_indices(), vec![1, 2]);
+        let later = "2026-01-01T00:10:00Z".parse().unwrap();
+        assert_eq!(
+            view.terminating_for(later),
+            Some(std::time::Duration::from_secs(600))
+        );
+    }
+
+    #[test]
+    fn the_processed_annotation_is_parsed_as_a_decimal_revision() {
+        let mut view = ReleaseView::default();
+        assert_eq!(view.processed_version(), ProcessedVersion::Absent);
+        view.annotations
+            .insert(PROCESSED_VERSION_ANNOTATION.into(), "12".into());
+        assert_eq!(view.processed_version(), ProcessedVersion::Revision(12));
+        view.annotations
+            .insert(PROCESSED_VERSION_ANNOTATION.into(), " 12".into());
+        assert_eq!(
+            view.processed_version(),
+            ProcessedVersion::Unparsable(" 12".into())
+        );
+    }
 }

@@ -327,11 +327,12 @@ async fn client_from_yaml(yaml: &str) -> Result<Client> {
 
 fn write_audit_policy(dir: &Path) -> Result<PathBuf> {
     let path = dir.join("audit-policy.yaml");
-    // Metadata for every request: who did what to which object, enough to
-    // count requests by verb and to prove who wrote when.
+    // Request bodies of HelmRelease writes, so a test can check what every
+    // apply carried; metadata for everything else: who did what to which
+    // object, enough to count requests by verb and to prove who wrote when.
     std::fs::write(
         &path,
-        "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules:\n- level: Metadata\n",
+        "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules:\n- level: Request\n  verbs: [patch, update, create]\n  resources:\n  - group: helm.toolkit.fluxcd.io\n    resources: [helmreleases]\n- level: Metadata\n",
     )?;
     Ok(path)
 }
@@ -404,3 +405,21 @@ async fn install_crds(client: &Client, dir: &Path, deadline: Instant) -> Result<
 }
 
 use serde::Deserialize;
+
+/// A binary of this workspace, built beside the running test (`cargo test
+/// --workspace` builds every package's binaries).
+pub fn workspace_binary(name: &str) -> Result<PathBuf> {
+    let exe = std::env::current_exe()?;
+    let dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .context("the test binary is not in target/<profile>/deps")?;
+    let path = dir.join(name);
+    if !path.is_file() {
+        bail!(
+            "{} is missing: build it with `cargo build -p {name}` (make test does)",
+            path.display()
+        );
+    }
+    Ok(path)
+}

@@ -164,3 +164,135 @@ pub fn merge(target: &mut Value, patch: Value) {
         (t, p) => *t = p,
     }
 }
+
+/// An event as a test checks it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SeenEvent {
+    pub type_: String,
+    pub reason: String,
+    pub note: String,
+}
+
+impl TestNamespace {
+    /// The events recorded on `name` (events.k8s.io/v1).
+    pub async fn events_for(&self, name: &str) -> Result<Vec<SeenEvent>> {
+        let events: Api<k8s_openapi::api::events::v1::Event> =
+            Api::namespaced(self.client.clone(), &self.name);
+        Ok(events
+            .list(&Default::default())
+            .await?
+            .items
+            .into_iter()
+            .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
+            .map(|e| SeenEvent {
+                type_: e.type_.unwrap_or_default(),
+                reason: e.reason.unwrap_or_default(),
+                note: e.note.unwrap_or_default(),
+            })
+            .collect())
+    }
+
+    /// Refuses, in this namespace only, every request matching `rule` with
+    /// `message`, by a ValidatingAdmissionPolicy: a real refusal by the real
+    /// apiserver, for tests of failure handling. Returns once it is in force.
+    pub async fn refuse(
+        &self,
+        policy: &str,
+        rule: Value,
+        expression: &str,
+        message: &str,
+    ) -> Result<Refusal> {
+        let name = format!("{}-{policy}", self.name);
+        let policies: Api<DynamicObject> = Api::all_with(
+            self.client.clone(),
+            &vap_resource("ValidatingAdmissionPolicy", "validatingadmissionpolicies"),
+        );
+        let bindings: Api<DynamicObject> = Api::all_with(
+            self.client.clone(),
+            &vap_resource(
+                "ValidatingAdmissionPolicyBinding",
+                "validatingadmissionpolicybindings",
+            ),
+        );
+        let policy_object: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingAdmissionPolicy",
+            "metadata": {"name": name},
+            "spec": {
+                "failurePolicy": "Fail",
+                "matchConstraints": {
+                    "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": self.name}},
+                    "resourceRules": [rule],
+                },
+                "validations": [{"expression": expression, "message": message}],
+            },
+        }))?;
+        policies
+            .create(&PostParams::default(), &policy_object)
+            .await?;
+        let binding: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingAdmissionPolicyBinding",
+            "metadata": {"name": name},
+            "spec": {"policyName": name, "validationActions": ["Deny"]},
+        }))?;
+        bindings.create(&PostParams::default(), &binding).await?;
+        Ok(Refusal {
+            name,
+            policies,
+            bindings,
+        })
+    }
+}
+
+/// A refusal set up by [`TestNamespace::refuse`]; `lift` ends it.
+pub struct Refusal {
+    name: String,
+    policies: Api<DynamicObject>,
+    bindings: Api<DynamicObject>,
+}
+
+impl Refusal {
+    /// Ends the refusal.
+    pub async fn lift(self) -> Result<()> {
+        self.bindings
+            .delete(&self.name, &Default::default())
+            .await?;
+        self.policies
+            .delete(&self.name, &Default::default())
+            .await?;
+        Ok(())
+    }
+}
+
+fn vap_resource(kind: &str, plural: &str) -> kube::api::ApiResource {
+    kube::api::ApiResource {
+        group: "admissionregistration.k8s.io".into(),
+        version: "v1".into(),
+        api_version: "admissionregistration.k8s.io/v1".into(),
+        kind: kind.into(),
+        plural: plural.into(),
+    }
+}
+
+/// Polls `check` every 100 ms until it is true or `timeout` passes.
+pub async fn eventually<F, Fut>(
+    timeout: std::time::Duration,
+    what: &str,
+    mut check: F,
+) -> Result<()>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<bool>>,
+{
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        if check().await? {
+            return Ok(());
+        }
+        if std::time::Instant::now() > deadline {
+            anyhow::bail!("timed out waiting for: {what}");
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}

@@ -13,6 +13,7 @@
 pub mod certs;
 pub mod control_plane;
 pub mod fixtures;
+pub mod helm_controller;
 pub mod process;
 
 // Flux's real helm-controller, and what it needs: a chart, an artifact server
@@ -23,4 +24,36 @@ pub mod helm_storage;
 pub mod real_helm_controller;
 
 pub use control_plane::{ControlPlane, control_plane};
-pub use fixtures::TestNamespace;
+pub use fixtures::{Refusal, SeenEvent, TestNamespace, eventually};
+pub use helm_controller::{Handled, SimulatedHelmController};
+
+/// Tests that run a cluster-wide flux-plunger process (controller, drain,
+/// sweep) take turns: each acts on every namespace of the shared control
+/// plane, so two at once would act on each other's releases.
+pub async fn cluster_wide_turn() -> tokio::sync::MutexGuard<'static, ()> {
+    static TURN: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    TURN.lock().await
+}
+
+/// Removes every fence from the releases of `namespace` (cleanup after a test
+/// that leaves one on purpose, so the next cluster-wide process does not meet it).
+pub async fn strip_fences(ns: &TestNamespace) -> anyhow::Result<()> {
+    use kube::api::{Patch, PatchParams};
+    for object in ns.releases().list(&Default::default()).await?.items {
+        let mut finalizers = object.metadata.finalizers.clone().unwrap_or_default();
+        let before = finalizers.len();
+        finalizers.retain(|f| f != plunger::names::FENCE_FINALIZER);
+        if finalizers.len() != before
+            && let Some(name) = object.metadata.name.as_deref()
+        {
+            ns.releases()
+                .patch(
+                    name,
+                    &PatchParams::default(),
+                    &Patch::Merge(serde_json::json!({"metadata": {"finalizers": finalizers}})),
+                )
+                .await?;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,338 @@
+//! The drain sidecar as a process against the local control plane (SPEC §6).
+
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use plunger::lease::{Attempt, LeaseLock};
+use plunger::names::{
+    FENCE_FINALIZER, FIELD_MANAGER, HELM_CONTROLLER_FINALIZER, HELMRELEASE_API_VERSION,
+    HELMRELEASE_KIND,
+};
+use plunger::release::ReleaseView;
+use serde_json::json;
+use testkit::control_plane::AuthInfo;
+use testkit::{Handled, SimulatedHelmController, TestNamespace, control_plane};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+const POD: &str = "flux-plunger-7d9f-abcde";
+
+struct Sidecar {
+    child: Child,
+    log: std::sync::Arc<std::sync::Mutex<String>>,
+    _dir: tempfile::TempDir,
+}
+
+/// Starts the sidecar and waits until it idles, signal handlers installed.
+async fn start(ns: &str, grace: &str) -> Result<Sidecar> {
+    let dir = tempfile::tempdir()?;
+    let kubeconfig = dir.path().join("kubeconfig");
+    control_plane().write_kubeconfig(&kubeconfig, &AuthInfo::AdminCertificate)?;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_flux-plunger-drain"))
+        .arg(format!("--kubeconfig={}", kubeconfig.display()))
+        .arg(format!("--shutdown-grace-period-seconds={grace}"))
+        .arg("--log-encoding=console")
+        .env("POD_NAME", POD)
+        .env("POD_NAMESPACE", ns)
+        .env_remove("RUST_LOG")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()?;
+    let log = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let mut lines = BufReader::new(child.stderr.take().context("stderr")?).lines();
+    let sink = log.clone();
+    tokio::spawn(async move {
+        while let Ok(Some(line)) = lines.next_line().await {
+            eprintln!("drain: {line}");
+            let mut log = sink.lock().unwrap();
+            log.push_str(&line);
+            log.push('\n');
+        }
+    });
+    let sidecar = Sidecar {
+        child,
+        log,
+        _dir: dir,
+    };
+    testkit::eventually(Duration::from_secs(20), "the sidecar idles", || {
+        let idle = sidecar.log.lock().unwrap().contains("idle until SIGTERM");
+        async move { Ok(idle) }
+    })
+    .await?;
+    Ok(sidecar)
+}
+
+impl Sidecar {
+    /// Sends SIGTERM and waits for the exit.
+    async fn terminate(mut self) -> Result<(std::process::ExitStatus, String, Duration)> {
+        let pid = self.child.id().context("no pid")?;
+        let started = Instant::now();
+        std::process::Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status()?;
+        let status = tokio::time::timeout(Duration::from_secs(150), self.child.wait()).await??;
+        let took = started.elapsed();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let log = self.log.lock().unwrap().clone();
+        Ok((status, log, took))
+    }
+}
+
+async fn setup(prefix: &str) -> Result<(TestNamespace, SimulatedHelmController)> {
+    // Callers hold `testkit::cluster_wide_turn()`: a drain acts on every namespace.
+    let client = control_plane().client().await?;
+    let ns = TestNamespace::create(&client, prefix).await?;
+    let hc = SimulatedHelmController::new(client, &ns.name);
+    Ok((ns, hc))
+}
+
+/// Makes `identity` the holder of the namespace's Lease.
+async fn lead(ns: &TestNamespace, identity: &str) -> Result<()> {
+    let mut lock = LeaseLock::new(
+        ns.client.clone(),
+        &ns.name,
+        "flux-plunger",
+        identity,
+        Duration::from_secs(27),
+    );
+    assert_eq!(lock.try_acquire_or_renew().await?, Attempt::Held);
+    Ok(())
+}
+
+async fn lease_holder(ns: &TestNamespace) -> Result<Option<String>> {
+    let leases: Api<Lease> = Api::namespaced(ns.client.clone(), &ns.name);
+    Ok(leases
+        .get("flux-plunger")
+        .await?
+        .spec
+        .and_then(|s| s.holder_identity))
+}
+
+/// An installed release with helm-controller's finalizer.
+async fn installed(ns: &TestNamespace, hc: &SimulatedHelmController, name: &str) -> Result<()> {
+    ns.create_release(name, json!({})).await?;
+    hc.install(name).await?;
+    assert_eq!(hc.handle(name).await?, Handled::AddedFinalizer);
+    Ok(())
+}
+
+async fn apply_as_us(ns: &TestNamespace, name: &str, suspend: bool) -> Result<()> {
+    let mut body = json!({"apiVersion": HELMRELEASE_API_VERSION, "kind": HELMRELEASE_KIND,
+        "metadata": {"name": name, "finalizers": [FENCE_FINALIZER]}});
+    if suspend {
+        body["spec"] = json!({"suspend": true});
+    }
+    ns.releases()
+        .patch(
+            name,
+            &PatchParams::apply(FIELD_MANAGER),
+            &Patch::Apply(body),
+        )
+        .await?;
+    Ok(())
+}
+
+async fn view(ns: &TestNamespace, name: &str) -> Result<Option<ReleaseView>> {
+    Ok(ns
+        .releases()
+        .get_opt(name)
+        .await?
+        .map(|o| ReleaseView::from_object(&o)))
+}
+
+#[tokio::test]
+async fn a_drain_releases_live_fences_and_leaves_foreign_suspensions_alone() -> Result<()> {
+    let _turn = testkit::cluster_wide_turn().await;
+    let (ns, hc) = setup("drain-live").await?;
+    installed(&ns, &hc, "mid-recovery").await?;
+    apply_as_us(&ns, "mid-recovery", true).await?;
+    installed(&ns, &hc, "bare-fence").await?;
+    apply_as_us(&ns, "bare-fence", false).await?;
+    installed(&ns, &hc, "foreign").await?;
+    let params = PatchParams {
+        field_manager: Some("kubectl-patch".into()),
+        ..Default::default()
+    };
+    ns.releases()
+        .patch(
+            "foreign",
+            &params,
+            &Patch::Merge(json!({"spec": {"suspend": true}})),
+        )
+        .await?;
+    apply_as_us(&ns, "foreign", false).await?;
+    lead(&ns, POD).await?;
+
+    let sidecar = start(&ns.name, "90").await?;
+    let (status, log, took) = sidecar.terminate().await?;
+
+    assert!(status.success(), "{status:?}");
+    assert!(
+        took < Duration::from_secs(10),
+        "released promptly: {took:?}"
+    );
+    assert!(log.contains("drain complete: no fence left"), "{log}");
+    let mid = view(&ns, "mid-recovery").await?.unwrap();
+    assert!(!mid.suspend && !mid.has_fence());
+    assert!(
+        mid.has_helm_controller_finalizer(),
+        "helm-controller's finalizer is kept"
+    );
+    assert!(!view(&ns, "bare-fence").await?.unwrap().has_fence());
+    let foreign = view(&ns, "foreign").await?.unwrap();
+    assert!(
+        foreign.suspend,
+        "another manager's suspension is left alone"
+    );
+    assert!(!foreign.has_fence());
+    assert_eq!(lease_holder(&ns).await?, None, "the Lease was handed over");
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_drain_carries_a_deleted_release_through_the_uninstall() -> Result<()> {
+    let _turn = testkit::cluster_wide_turn().await;
+    let (ns, hc) = setup("drain-delete").await?;
+    installed(&ns, &hc, "web").await?;
+    apply_as_us(&ns, "web", true).await?;
+    ns.releases()
+        .delete("web", &DeleteParams::default())
+        .await?;
+    lead(&ns, POD).await?;
+    let (helm_controller, stop) = hc.clone().spawn(Duration::from_millis(300));
+
+    let sidecar = start(&ns.name, "90").await?;
+    let (status, log, _) = sidecar.terminate().await?;
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    helm_controller.await?;
+
+    assert!(status.success(), "{status:?}");
+    assert!(log.contains("drain complete: no fence left"), "{log}");
+    assert!(view(&ns, "web").await?.is_none(), "the release is gone");
+    assert!(
+        !hc.resources_exist("web").await?,
+        "uninstalled, not orphaned"
+    );
+    assert_eq!(hc.decisions_for("web").last(), Some(&Handled::Uninstalled));
+    Ok(())
+}
+
+#[tokio::test]
+async fn when_helm_controller_never_answers_the_fence_outlives_the_deadline() -> Result<()> {
+    let _turn = testkit::cluster_wide_turn().await;
+    let (ns, hc) = setup("drain-deadline").await?;
+    installed(&ns, &hc, "web").await?;
+    apply_as_us(&ns, "web", true).await?;
+    ns.releases()
+        .delete("web", &DeleteParams::default())
+        .await?;
+    lead(&ns, POD).await?;
+
+    // G = 40 s: the drain deadline is 15 s.
+    let sidecar = start(&ns.name, "40").await?;
+    let (status, log, took) = sidecar.terminate().await?;
+
+    assert!(
+        status.success(),
+        "a drain that leaves fences still exits 0: {status:?}"
+    );
+    assert!(
+        took >= Duration::from_secs(14) && took < Duration::from_secs(25),
+        "{took:?}"
+    );
+    assert!(
+        log.contains("drain deadline reached with fences left"),
+        "{log}"
+    );
+    assert!(
+        log.contains(&format!("{}/web", ns.name)),
+        "the release is named: {log}"
+    );
+    let web = view(&ns, "web").await?.unwrap();
+    assert!(!web.suspend, "our suspension was lifted");
+    assert!(
+        web.has_fence(),
+        "the fence stays: helm-controller has not uninstalled"
+    );
+    assert!(
+        web.finalizers
+            .iter()
+            .any(|f| f == HELM_CONTROLLER_FINALIZER)
+    );
+    assert!(hc.resources_exist("web").await?);
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_pod_that_never_led_does_not_drain() -> Result<()> {
+    let _turn = testkit::cluster_wide_turn().await;
+    let (ns, hc) = setup("drain-follower").await?;
+    installed(&ns, &hc, "web").await?;
+    apply_as_us(&ns, "web", true).await?;
+    lead(&ns, "another-pod").await?;
+    let before = ns.releases().get("web").await?;
+
+    let sidecar = start(&ns.name, "90").await?;
+    let (status, log, _) = sidecar.terminate().await?;
+
+    assert!(status.success());
+    assert!(log.contains("not the last leader"), "{log}");
+    let after = ns.releases().get("web").await?;
+    assert_eq!(
+        after.metadata.resource_version,
+        before.metadata.resource_version
+    );
+    assert_eq!(lease_holder(&ns).await?.as_deref(), Some("another-pod"));
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_lease_that_ran_out_while_nobody_took_it_is_still_drained() -> Result<()> {
+    let _turn = testkit::cluster_wide_turn().await;
+    let (ns, hc) = setup("drain-overrun").await?;
+    installed(&ns, &hc, "web").await?;
+    apply_as_us(&ns, "web", true).await?;
+    lead(&ns, POD).await?;
+    // The controller overran its stop: its last renewal is long past.
+    let leases: Api<Lease> = Api::namespaced(ns.client.clone(), &ns.name);
+    leases
+        .patch(
+            "flux-plunger",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"renewTime": "2020-01-01T00:00:00.000000Z"}})),
+        )
+        .await?;
+
+    let sidecar = start(&ns.name, "90").await?;
+    let (status, log, _) = sidecar.terminate().await?;
+
+    assert!(status.success());
+    assert!(log.contains("drain complete"), "{log}");
+    let web = view(&ns, "web").await?.unwrap();
+    assert!(!web.suspend && !web.has_fence());
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_grace_period_out_of_range_or_fractional_is_refused_with_the_flag_named() -> Result<()> {
+    for bad in ["39", "141", "90.7", "abc"] {
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_flux-plunger-drain"))
+            .arg(format!("--shutdown-grace-period-seconds={bad}"))
+            .output()?;
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{bad}: {stderr}");
+        assert!(
+            stderr.contains("--shutdown-grace-period-seconds"),
+            "{bad}: {stderr}"
+        );
+        assert!(
+            stderr.contains("40") && stderr.contains("140"),
+            "{bad}: {stderr}"
+        );
+    }
+    Ok(())
+}

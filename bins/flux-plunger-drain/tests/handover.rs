@@ -1,0 +1,305 @@
+//! Two flux-plunger pods (controller + drain sidecar each) on one Lease: the
+//! second never writes while the first leads or drains, and leads within
+//! seconds once the first drain has handed the Lease over (SPEC §6). Who
+//! wrote what, and when, is read from the apiserver's audit log: each pod
+//! runs under a ServiceAccount of its own.
+
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use plunger::names::{
+    FENCE_FINALIZER, FIELD_MANAGER, HELMRELEASE_API_VERSION, HELMRELEASE_KIND,
+    PROCESSED_VERSION_ANNOTATION,
+};
+use plunger::release::ReleaseView;
+use serde_json::{Value, json};
+use testkit::control_plane::{AuthInfo, workspace_binary};
+use testkit::{Handled, SimulatedHelmController, TestNamespace, control_plane, eventually};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+struct Proc {
+    child: Child,
+    log: std::sync::Arc<std::sync::Mutex<String>>,
+}
+
+impl Proc {
+    fn spawn(
+        program: &std::path::Path,
+        args: &[String],
+        pod: &str,
+        ns: &str,
+        tag: &str,
+    ) -> Result<Self> {
+        let mut child = Command::new(program)
+            .args(args)
+            .env("POD_NAME", pod)
+            .env("POD_NAMESPACE", ns)
+            .env_remove("RUST_LOG")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()?;
+        let log = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let mut lines = BufReader::new(child.stderr.take().context("stderr")?).lines();
+        let sink = log.clone();
+        let tag = tag.to_owned();
+        tokio::spawn(async move {
+            while let Ok(Some(line)) = lines.next_line().await {
+                eprintln!("{tag}: {line}");
+                let mut log = sink.lock().unwrap();
+                log.push_str(&line);
+                log.push('\n');
+            }
+        });
+        Ok(Self { child, log })
+    }
+
+    fn logged(&self, text: &str) -> bool {
+        self.log.lock().unwrap().contains(text)
+    }
+
+    async fn terminate(&mut self) -> Result<std::process::ExitStatus> {
+        let pid = self.child.id().context("no pid")?;
+        std::process::Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status()?;
+        Ok(tokio::time::timeout(Duration::from_secs(120), self.child.wait()).await??)
+    }
+}
+
+struct Pod {
+    controller: Proc,
+    drain: Proc,
+}
+
+async fn start_pod(ns: &TestNamespace, pod: &str, dir: &std::path::Path) -> Result<Pod> {
+    let plane = control_plane();
+    let token = plane
+        .service_account_token(&ns.client, &ns.name, pod)
+        .await?;
+    let kubeconfig = dir.join(format!("{pod}.kubeconfig"));
+    plane.write_kubeconfig(&kubeconfig, &AuthInfo::Token(token))?;
+    let common = vec![
+        format!("--kubeconfig={}", kubeconfig.display()),
+        "--log-encoding=console".to_owned(),
+        "--shutdown-grace-period-seconds=90".to_owned(),
+    ];
+    let mut controller_args = common.clone();
+    controller_args.extend([
+        "--metrics-addr=127.0.0.1:0".to_owned(),
+        "--health-addr=127.0.0.1:0".to_owned(),
+    ]);
+    let controller = Proc::spawn(
+        &workspace_binary("flux-plunger")?,
+        &controller_args,
+        pod,
+        &ns.name,
+        &format!("{pod}/controller"),
+    )?;
+    let drain = Proc::spawn(
+        &workspace_binary("flux-plunger-drain")?,
+        &common,
+        pod,
+        &ns.name,
+        &format!("{pod}/drain"),
+    )?;
+    eventually(Duration::from_secs(20), "the drain sidecar idles", || {
+        let idle = drain.logged("idle until SIGTERM");
+        async move { Ok(idle) }
+    })
+    .await?;
+    Ok(Pod { controller, drain })
+}
+
+/// HelmRelease and Secret writes, and Lease updates, by `pod`'s
+/// ServiceAccount in `ns`, as (time, verb, resource, name).
+fn writes_by(ns: &str, pod: &str) -> Vec<(String, String, String, String)> {
+    let user = format!("system:serviceaccount:{ns}:{pod}");
+    std::fs::read_to_string(control_plane().audit_log())
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|e| e["user"]["username"] == user.as_str() && e["stage"] == "ResponseComplete")
+        .filter(|e| {
+            ["create", "update", "patch", "delete"]
+                .contains(&e["verb"].as_str().unwrap_or_default())
+        })
+        .filter(|e| (200..300).contains(&e["responseStatus"]["code"].as_i64().unwrap_or(0)))
+        .map(|e| {
+            (
+                e["requestReceivedTimestamp"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned(),
+                e["verb"].as_str().unwrap_or_default().to_owned(),
+                e["objectRef"]["resource"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned(),
+                e["objectRef"]["name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned(),
+            )
+        })
+        .collect()
+}
+
+async fn stuck(ns: &TestNamespace, hc: &SimulatedHelmController, name: &str) -> Result<()> {
+    ns.create_release(name, json!({})).await?;
+    hc.install(name).await?;
+    assert_eq!(hc.handle(name).await?, Handled::AddedFinalizer);
+    ns.create_storage_secret(name, 1, "uninstalling").await?;
+    ns.mark_stuck(name).await?;
+    Ok(())
+}
+
+async fn recovered(ns: &TestNamespace, name: &str) -> Result<bool> {
+    let view = ReleaseView::from_object(&ns.releases().get(name).await?);
+    Ok(view
+        .annotations
+        .get(PROCESSED_VERSION_ANNOTATION)
+        .map(String::as_str)
+        == Some("1")
+        && !view.suspend
+        && !view.has_fence())
+}
+
+#[tokio::test]
+async fn the_next_pod_writes_only_after_the_first_pods_drain_and_leads_seconds_later() -> Result<()>
+{
+    let client = control_plane().client().await?;
+    let ns = TestNamespace::create(&client, "handover").await?;
+    let hc = SimulatedHelmController::new(client.clone(), &ns.name);
+    let bindings: Api<ClusterRoleBinding> = Api::all(client.clone());
+    let binding: ClusterRoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": format!("{}-admin", ns.name)},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"},
+        "subjects": [
+            {"kind": "ServiceAccount", "name": "pod-a", "namespace": ns.name},
+            {"kind": "ServiceAccount", "name": "pod-b", "namespace": ns.name},
+        ],
+    }))?;
+    bindings.create(&PostParams::default(), &binding).await?;
+    let dir = tempfile::tempdir()?;
+
+    let mut a = start_pod(&ns, "pod-a", dir.path()).await?;
+    eventually(Duration::from_secs(20), "pod-a leads", || {
+        let led = a.controller.logged("became the leader");
+        async move { Ok(led) }
+    })
+    .await?;
+    let mut b = start_pod(&ns, "pod-b", dir.path()).await?;
+    eventually(Duration::from_secs(20), "pod-b waits for the Lease", || {
+        let waiting = b.controller.logged("waiting for the leader Lease");
+        async move { Ok(waiting) }
+    })
+    .await?;
+
+    stuck(&ns, &hc, "early").await?;
+    eventually(
+        Duration::from_secs(30),
+        "pod-a recovers the first release",
+        || recovered(&ns, "early"),
+    )
+    .await?;
+
+    // A release being deleted under pod-a's suspension keeps its drain busy
+    // until helm-controller answers, a few seconds in.
+    ns.create_release("deleting", json!({})).await?;
+    hc.install("deleting").await?;
+    hc.handle("deleting").await?;
+    let body = json!({"apiVersion": HELMRELEASE_API_VERSION, "kind": HELMRELEASE_KIND,
+        "metadata": {"name": "deleting", "finalizers": [FENCE_FINALIZER]}, "spec": {"suspend": true}});
+    ns.releases()
+        .patch(
+            "deleting",
+            &PatchParams::apply(FIELD_MANAGER),
+            &Patch::Apply(body),
+        )
+        .await?;
+    ns.releases()
+        .delete("deleting", &DeleteParams::default())
+        .await?;
+
+    // The kubelet's order: the controller first, then the sidecar.
+    assert!(a.controller.terminate().await?.success());
+    let drain_started = Instant::now();
+    let pid = a.drain.child.id().context("no pid")?;
+    std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()?;
+    // Stuck while pod-a drains: pod-b must leave it alone until the handover.
+    stuck(&ns, &hc, "late").await?;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let (helm_controller, stop) = hc.clone().spawn(Duration::from_millis(300));
+    let drained = tokio::time::timeout(Duration::from_secs(70), a.drain.child.wait()).await??;
+    let drain_ended = Instant::now();
+    assert!(drained.success());
+    assert!(
+        a.drain.logged("drain complete: no fence left"),
+        "{}",
+        a.drain.log.lock().unwrap()
+    );
+    assert!(a.drain.logged("handed the Lease over"));
+    assert!(
+        drain_ended - drain_started >= Duration::from_secs(3),
+        "the drain waited for helm-controller"
+    );
+
+    eventually(
+        Duration::from_secs(30),
+        "pod-b recovers the late release",
+        || recovered(&ns, "late"),
+    )
+    .await?;
+    let b_led_after = drain_ended.elapsed();
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    helm_controller.await?;
+
+    let a_writes = writes_by(&ns.name, "pod-a");
+    let b_writes = writes_by(&ns.name, "pod-b");
+    let handover = a_writes
+        .iter()
+        .filter(|(_, verb, resource, _)| verb == "update" && resource == "leases")
+        .map(|(t, ..)| t.clone())
+        .max()
+        .context("pod-a never updated the Lease")?;
+    let first_b_write = b_writes
+        .iter()
+        .filter(|(_, _, resource, _)| resource == "helmreleases" || resource == "secrets")
+        .map(|(t, ..)| t.clone())
+        .min()
+        .context("pod-b never wrote")?;
+    let last_a_write = a_writes
+        .iter()
+        .filter(|(_, _, resource, _)| resource == "helmreleases" || resource == "secrets")
+        .map(|(t, ..)| t.clone())
+        .max()
+        .context("pod-a never wrote")?;
+    assert!(
+        last_a_write < handover,
+        "pod-a wrote after its handover: {last_a_write} >= {handover}"
+    );
+    assert!(
+        handover < first_b_write,
+        "pod-b wrote before the handover: {first_b_write} <= {handover}"
+    );
+    eprintln!(
+        "handover: pod-a's drain took {:?}; pod-b recovered the late release {:?} after the drain ended",
+        drain_ended - drain_started,
+        b_led_after
+    );
+    assert!(b.controller.logged("became the leader"));
+
+    assert!(b.controller.terminate().await?.success());
+    assert!(b.drain.terminate().await?.success());
+    bindings
+        .delete(&format!("{}-admin", ns.name), &DeleteParams::default())
+        .await?;
+    Ok(())
+}

@@ -1,0 +1,161 @@
+//! The sweeper's commands.
+
+use std::io::Write;
+use std::process::ExitCode;
+use std::time::Instant;
+
+use plunger::release::{ReleaseView, helmreleases};
+use plunger::sweep::{self, HookConfig, ReleasePlan, Row, Suspension};
+
+use crate::cli::{Command, HookArgs, ListArgs, Output, ReleaseArgs};
+
+pub async fn run(command: Command) -> anyhow::Result<ExitCode> {
+    match command {
+        Command::Hook(args) => hook(args).await,
+        Command::List(args) => list(args).await,
+        Command::Release(args) => release(args).await,
+    }
+}
+
+async fn hook(args: HookArgs) -> anyhow::Result<ExitCode> {
+    args.log.init();
+    let Some(namespace) = args.namespace.filter(|n| !n.is_empty()) else {
+        eprintln!(
+            "flux-plunger-sweep: --namespace (or POD_NAMESPACE) is required: where the flux-plunger Deployment and its Lease are"
+        );
+        return Ok(ExitCode::from(2));
+    };
+    let timings = args.grace.shutdown_grace_period_seconds;
+    let client = args.kube.client().await?;
+    let config = HookConfig {
+        namespace,
+        deployment: args.deployment,
+        pod_selector: args.pod_selector,
+        lease: args.leader_election_lease_name,
+        retry_window: plunger::test_hooks::hook_retry_window_override()
+            .unwrap_or(timings.hook_retry_window),
+        pod_wait: timings.hook_pod_wait,
+    };
+    let report = sweep::run_hook(&client, &config).await;
+    let mut out = std::io::stdout().lock();
+    for line in &report.lines {
+        writeln!(out, "{line}")?;
+    }
+    if report.success {
+        writeln!(out, "every fence was released")?;
+        Ok(ExitCode::SUCCESS)
+    } else {
+        writeln!(
+            out,
+            "failing the hook so that helm-controller retries the uninstall (hook included) instead of stranding a fence"
+        )?;
+        Ok(ExitCode::FAILURE)
+    }
+}
+
+fn suspension_text(s: Suspension) -> &'static str {
+    match s {
+        Suspension::None => "-",
+        Suspension::Ours => "flux-plunger",
+        Suspension::Shared => "flux-plunger+other",
+        Suspension::Foreign => "other",
+        Suspension::LeftBehind => "left-behind?",
+    }
+}
+
+async fn list(args: ListArgs) -> anyhow::Result<ExitCode> {
+    args.log.init();
+    let client = args.kube.client().await?;
+    let rows = sweep::list_rows(&client).await?;
+    let mut out = std::io::stdout().lock();
+    match args.output {
+        Output::Json => writeln!(out, "{}", serde_json::to_string_pretty(&rows)?)?,
+        Output::Table => {
+            writeln!(
+                out,
+                "{:<50} {:>6} {:<20} {:<12} UNINSTALLED",
+                "RELEASE", "FENCES", "SUSPENDED-BY", "TERMINATING"
+            )?;
+            for Row {
+                namespace,
+                name,
+                fences,
+                suspension,
+                terminating,
+                uninstall_reached,
+            } in &rows
+            {
+                writeln!(
+                    out,
+                    "{:<50} {:>6} {:<20} {:<12} {}",
+                    format!("{namespace}/{name}"),
+                    fences,
+                    suspension_text(*suspension),
+                    if *terminating { "yes" } else { "no" },
+                    if !terminating {
+                        "-"
+                    } else if *uninstall_reached {
+                        "yes"
+                    } else {
+                        "no"
+                    },
+                )?;
+            }
+            if rows.iter().any(|r| r.suspension == Suspension::LeftBehind) {
+                writeln!(
+                    out,
+                    "\nleft-behind?: suspended by another manager on a release flux-plunger recovered before, most likely by an older flux-plunger stopped mid-recovery. Confirm nothing else holds it, then `flux resume helmrelease NAME -n NAMESPACE`."
+                )?;
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn release(args: ReleaseArgs) -> anyhow::Result<ExitCode> {
+    args.log.init();
+    let client = args.kube.client().await?;
+    let (namespace, name) = &args.release;
+    let key = format!("{namespace}/{name}");
+    let Some(object) = helmreleases(client.clone(), namespace)
+        .get_opt(name)
+        .await?
+    else {
+        eprintln!("HelmRelease {key} not found");
+        return Ok(ExitCode::FAILURE);
+    };
+    let release = ReleaseView::from_object(&object);
+    let plan = ReleasePlan::of(&release);
+    if plan.is_empty() {
+        println!(
+            "{key} carries no flux-plunger fence and no suspension flux-plunger alone holds: nothing to do"
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
+    if plan.without_uninstall && !args.without_uninstall {
+        eprintln!(
+            "refusing: {key} is being deleted and helm-controller has not uninstalled it; releasing the fence now lets it go without the Helm uninstall. Wait for helm-controller, or pass --without-uninstall once you have confirmed the uninstall has run or is not wanted."
+        );
+        return Ok(ExitCode::FAILURE);
+    }
+    if release.suspend && !plan.lift_suspension {
+        println!(
+            "{key}: its suspension is held by another manager (alone or with flux-plunger) and is left as it is"
+        );
+    }
+    let deadline = Instant::now() + std::time::Duration::from_secs(30);
+    match sweep::release_with_retry(&client, release, deadline).await {
+        Ok(released) if released.without_uninstall => {
+            println!("released {key} WITHOUT an uninstall, as asked");
+            Ok(ExitCode::SUCCESS)
+        }
+        Ok(_) => {
+            println!("released {key}");
+            Ok(ExitCode::SUCCESS)
+        }
+        Err((_, err)) => {
+            eprintln!("NOT released {key}: {err}");
+            Ok(ExitCode::FAILURE)
+        }
+    }
+}

@@ -1,0 +1,300 @@
+//! The watch over HelmReleases and the kube-runtime Controller around
+//! `plunger::reconcile` (SPEC §4 watch filter, retries, the fence timer).
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::{FutureExt, StreamExt, TryStreamExt};
+use kube::api::DynamicObject;
+use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, ResourceExt};
+use serde_json::{Map, Value};
+
+use plunger::decide::is_of_interest;
+use plunger::error::Error;
+use plunger::names::{FIELD_MANAGER, PROCESSED_VERSION_ANNOTATION, READY_CONDITION};
+use plunger::reconcile::{Outcome, Reconciler};
+use plunger::release::{ReleaseView, all_helmreleases, helmrelease_resource};
+
+use crate::metrics::Metrics;
+use crate::server::Readiness;
+
+/// Shared by every reconcile.
+pub struct Context {
+    pub reconciler: Reconciler,
+    pub metrics: Arc<Metrics>,
+    /// Consecutive failures per release, for the retry backoff.
+    failures: Mutex<HashMap<ObjectRef<DynamicObject>, u32>>,
+}
+
+impl Context {
+    pub fn new(reconciler: Reconciler, metrics: Arc<Metrics>) -> Self {
+        Self {
+            reconciler,
+            metrics,
+            failures: Mutex::new(HashMap::new()),
+        }
+    }
+}
+
+/// Retry delays: 1 s doubling to 5 minutes.
+pub fn backoff(failures: u32) -> Duration {
+    const FIRST: Duration = Duration::from_secs(1);
+    const MAX: Duration = Duration::from_secs(300);
+    FIRST
+        .checked_mul(2u32.saturating_pow(failures.saturating_sub(1)))
+        .map_or(MAX, |d| d.min(MAX))
+}
+
+/// Keeps only what the watch filter and the metrics read: the cache then
+/// costs a few hundred bytes a release instead of its whole spec, status and
+/// managedFields. Every decision that leads to a write reads the release
+/// afresh from the apiserver, so nothing is lost.
+pub fn trim(object: &mut DynamicObject) {
+    let meta = &mut object.metadata;
+    meta.labels = None;
+    meta.owner_references = None;
+    if let Some(annotations) = meta.annotations.as_mut() {
+        annotations.retain(|k, _| k == PROCESSED_VERSION_ANNOTATION);
+    }
+    if let Some(entries) = meta.managed_fields.as_mut() {
+        entries.retain(|e| e.manager.as_deref() == Some(FIELD_MANAGER));
+    }
+    let mut data = Map::new();
+    if let Some(suspend) = object.data.pointer("/spec/suspend") {
+        data.insert("spec".into(), serde_json::json!({ "suspend": suspend }));
+    }
+    let ready = object
+        .data
+        .pointer("/status/conditions")
+        .and_then(Value::as_array)
+        .and_then(|conditions| {
+            conditions
+                .iter()
+                .find(|c| c.get("type").and_then(Value::as_str) == Some(READY_CONDITION))
+        });
+    if let Some(ready) = ready {
+        let keep: Map<String, Value> = ["type", "status", "message"]
+            .iter()
+            .filter_map(|k| ready.get(*k).map(|v| ((*k).to_owned(), v.clone())))
+            .collect();
+        data.insert("status".into(), serde_json::json!({ "conditions": [keep] }));
+    }
+    object.data = Value::Object(data);
+}
+
+async fn reconcile(object: Arc<DynamicObject>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let namespace = object.namespace().unwrap_or_default();
+    let name = object.name_any();
+    let started = Instant::now();
+    let result = ctx.reconciler.reconcile(&namespace, &name).await;
+    ctx.metrics
+        .reconcile_duration
+        .observe(started.elapsed().as_secs_f64());
+    let outcome = result?;
+    ctx.failures
+        .lock()
+        .expect("failure map poisoned")
+        .remove(&ObjectRef::from_obj_with(
+            object.as_ref(),
+            helmrelease_resource(),
+        ));
+    ctx.metrics.observe(&outcome);
+    tracing::debug!(release = %format!("{namespace}/{name}"), ?outcome, "reconciled");
+    Ok(match outcome {
+        Outcome::FenceHeld { recheck } => Action::requeue(recheck),
+        Outcome::RateLimited { retry_after } => Action::requeue(retry_after),
+        _ => Action::await_change(),
+    })
+}
+
+fn error_policy(object: Arc<DynamicObject>, error: &Error, ctx: Arc<Context>) -> Action {
+    let key = ObjectRef::from_obj_with(object.as_ref(), helmrelease_resource());
+    let failures = {
+        let mut map = ctx.failures.lock().expect("failure map poisoned");
+        let count = map.entry(key).or_insert(0);
+        *count = count.saturating_add(1);
+        *count
+    };
+    let kind = if error.is_conflict() {
+        "conflict"
+    } else {
+        error.kind()
+    };
+    ctx.metrics.observe_error(kind);
+    let delay = backoff(failures);
+    if error.is_conflict() {
+        tracing::info!(error = %error, retry_in = ?delay, "a write raced another writer; reading again");
+    } else {
+        tracing::warn!(error = %error, retry_in = ?delay, "reconcile failed");
+    }
+    Action::requeue(delay)
+}
+
+/// Counts fences and suspensions in the watch caches, for the gauges.
+pub fn refresh_gauges(stores: &[Store<DynamicObject>], metrics: &Metrics) {
+    let (mut fences, mut suspensions) = (0i64, 0i64);
+    for object in stores.iter().flat_map(Store::state) {
+        let view = ReleaseView::from_object(&object);
+        fences += i64::from(view.has_fence());
+        suspensions += i64::from(view.suspended_by_us());
+    }
+    metrics.fences_held.set(fences);
+    metrics.suspensions_held.set(suspensions);
+}
+
+/// Which HelmReleases the controller watches.
+#[derive(Debug, Clone, Default)]
+pub struct Scope {
+    /// Empty: every namespace.
+    pub namespaces: Vec<String>,
+    pub label_selector: Option<String>,
+}
+
+impl Scope {
+    fn apis(&self, client: &Client) -> Vec<kube::Api<DynamicObject>> {
+        if self.namespaces.is_empty() {
+            return vec![all_helmreleases(client.clone())];
+        }
+        self.namespaces
+            .iter()
+            .map(|ns| plunger::release::helmreleases(client.clone(), ns))
+            .collect()
+    }
+
+    fn watcher_config(&self) -> watcher::Config {
+        match &self.label_selector {
+            Some(selector) => watcher::Config::default().labels(selector),
+            None => watcher::Config::default(),
+        }
+    }
+}
+
+/// Watches the HelmReleases in `scope` and reconciles those of interest
+/// until `shutdown` resolves; in-flight reconciles are then allowed to finish.
+/// One Controller per watched namespace (one for all when unscoped), sharing
+/// the reconcile context.
+pub async fn run(
+    client: Client,
+    ctx: Arc<Context>,
+    scope: Scope,
+    concurrency: u16,
+    readiness: Readiness,
+    stores_out: tokio::sync::oneshot::Sender<Vec<Store<DynamicObject>>>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) {
+    let resource = helmrelease_resource();
+    let shutdown = shutdown.boxed().shared();
+    let mut stores = Vec::new();
+    let mut controllers = Vec::new();
+    for api in scope.apis(&client) {
+        let writer = reflector::store::Writer::new(resource.clone());
+        let store = writer.as_reader();
+        stores.push(store.clone());
+        let stream = watcher(api, scope.watcher_config())
+            .modify(trim)
+            .default_backoff()
+            .reflect(writer)
+            .applied_objects()
+            .try_filter(|object| {
+                std::future::ready(is_of_interest(&ReleaseView::from_object(object)))
+            });
+        let controller = Controller::for_stream_with(stream, store, resource.clone())
+            .with_config(ControllerConfig::default().concurrency(concurrency))
+            .graceful_shutdown_on(shutdown.clone())
+            .run(reconcile, error_policy, ctx.clone())
+            .for_each(|result| async move {
+                if let Err(err) = result {
+                    tracing::debug!(error = %err, "controller event");
+                }
+            });
+        controllers.push(controller);
+    }
+    let _ = stores_out.send(stores.clone());
+    // Polled, not awaited: a store's readiness is a oneshot that wakes only
+    // its last waiter, and its Controller waits on it too.
+    tokio::spawn(async move {
+        loop {
+            let ready = stores
+                .iter()
+                .all(|s| matches!(s.wait_until_ready().now_or_never(), Some(Ok(()))));
+            if ready {
+                tracing::info!("the HelmRelease watch has synced");
+                readiness.set_ready();
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    });
+    futures::future::join_all(controllers).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn retries_back_off_from_one_second_to_five_minutes() {
+        assert_eq!(backoff(1), Duration::from_secs(1));
+        assert_eq!(backoff(2), Duration::from_secs(2));
+        assert_eq!(backoff(4), Duration::from_secs(8));
+        assert_eq!(backoff(9), Duration::from_secs(256));
+        assert_eq!(backoff(10), Duration::from_secs(300));
+        assert_eq!(backoff(u32::MAX), Duration::from_secs(300));
+    }
+
+    #[test]
+    fn the_trimmed_cache_keeps_exactly_what_the_watch_filter_reads() {
+        let full: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "helm.toolkit.fluxcd.io/v2", "kind": "HelmRelease",
+            "metadata": {
+                "name": "web", "namespace": "apps", "uid": "u", "resourceVersion": "3",
+                "labels": {"a": "b"},
+                "annotations": {PROCESSED_VERSION_ANNOTATION: "4", "other": "x"},
+                "finalizers": ["finalizers.fluxcd.io", "flux-plunger.cozystack.io/uninstall-fence"],
+                "managedFields": [
+                    {"manager": "flux-plunger", "operation": "Apply", "fieldsType": "FieldsV1", "fieldsV1": {"f:spec": {"f:suspend": {}}}},
+                    {"manager": "helm-controller", "operation": "Update", "fieldsType": "FieldsV1", "fieldsV1": {"f:status": {}}},
+                ],
+            },
+            "spec": {"suspend": true, "interval": "5m", "values": {"big": "x".repeat(1000)}},
+            "status": {"conditions": [
+                {"type": "Released", "status": "False", "message": "m", "reason": "r", "lastTransitionTime": "2026-01-01T00:00:00Z"},
+                {"type": "Ready", "status": "False", "message": "x has no deployed releases", "reason": "r", "lastTransitionTime": "2026-01-01T00:00:00Z"},
+            ], "history": [{"name": "web"}]},
+        }))
+        .unwrap();
+        let before = ReleaseView::from_object(&full);
+        let mut trimmed = full.clone();
+        trim(&mut trimmed);
+        let after = ReleaseView::from_object(&trimmed);
+
+        assert_eq!(is_of_interest(&before), is_of_interest(&after));
+        assert_eq!(before.is_stuck(), after.is_stuck());
+        assert_eq!(before.suspended_by_us(), after.suspended_by_us());
+        assert_eq!(before.has_fence(), after.has_fence());
+        assert_eq!(
+            before.carries_processed_annotation(),
+            after.carries_processed_annotation()
+        );
+        assert_eq!(
+            trimmed.data,
+            json!({"spec": {"suspend": true}, "status": {"conditions": [
+                {"type": "Ready", "status": "False", "message": "x has no deployed releases"}]}})
+        );
+        assert_eq!(trimmed.metadata.labels, None);
+        assert_eq!(
+            trimmed.metadata.managed_fields.as_ref().map(Vec::len),
+            Some(1)
+        );
+        assert!(
+            serde_json::to_vec(&trimmed).unwrap().len() * 3
+                < serde_json::to_vec(&full).unwrap().len()
+        );
+    }
+}

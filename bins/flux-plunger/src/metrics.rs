@@ -1,0 +1,127 @@
+//! Prometheus metrics, served as text on `/metrics`.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+use plunger::reconcile::Outcome;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabel {
+    pub result: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabel {
+    pub kind: String,
+}
+
+/// Every metric flux-plunger exports.
+pub struct Metrics {
+    pub registry: Registry,
+    /// Recovery attempts by how they ended.
+    pub recoveries: Family<ResultLabel, Counter>,
+    /// Reconciles that failed, by the step that failed.
+    pub errors: Family<KindLabel, Counter>,
+    /// Reconcile duration.
+    pub reconcile_duration: Histogram,
+    /// Releases carrying our fence, as the watch last saw them.
+    pub fences_held: Gauge,
+    /// Releases under our suspension, as the watch last saw them.
+    pub suspensions_held: Gauge,
+    /// 1 while this process holds the leader Lease.
+    pub leader: Gauge,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("flux_plunger");
+        let recoveries = Family::<ResultLabel, Counter>::default();
+        let errors = Family::<KindLabel, Counter>::default();
+        let reconcile_duration = Histogram::new([
+            0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+        ]);
+        let fences_held = Gauge::default();
+        let suspensions_held = Gauge::default();
+        let leader = Gauge::default();
+        registry.register(
+            "recoveries",
+            "Recovery attempts of stuck HelmReleases, by result",
+            recoveries.clone(),
+        );
+        registry.register(
+            "reconcile_errors",
+            "Reconciles that failed, by the step that failed",
+            errors.clone(),
+        );
+        registry.register(
+            "reconcile_duration_seconds",
+            "Time spent in one reconcile",
+            reconcile_duration.clone(),
+        );
+        registry.register(
+            "fences_held",
+            "HelmReleases carrying flux-plunger's uninstall fence",
+            fences_held.clone(),
+        );
+        registry.register(
+            "suspensions_held",
+            "HelmReleases suspended by flux-plunger",
+            suspensions_held.clone(),
+        );
+        registry.register(
+            "leader",
+            "1 while this process holds the leader Lease",
+            leader.clone(),
+        );
+        Self {
+            registry,
+            recoveries,
+            errors,
+            reconcile_duration,
+            fences_held,
+            suspensions_held,
+            leader,
+        }
+    }
+}
+
+impl Metrics {
+    /// Counts a reconcile's outcome.
+    pub fn observe(&self, outcome: &Outcome) {
+        let result = match outcome {
+            Outcome::Recovered { .. } => "recovered",
+            Outcome::Deferred => "deferred",
+            Outcome::Skipped(_) => "skipped",
+            Outcome::AbortedForDelete { .. } => "aborted_for_delete",
+            Outcome::DryRun { .. } => "dry_run",
+            Outcome::RateLimited { .. } => "rate_limited",
+            _ => return,
+        };
+        self.recoveries
+            .get_or_create(&ResultLabel {
+                result: result.to_owned(),
+            })
+            .inc();
+    }
+
+    /// Counts a failed reconcile.
+    pub fn observe_error(&self, kind: &str) {
+        self.errors
+            .get_or_create(&KindLabel {
+                kind: kind.to_owned(),
+            })
+            .inc();
+    }
+
+    /// The text exposition.
+    pub fn encode(&self) -> String {
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &self.registry)
+            .expect("writing to a String cannot fail");
+        text
+    }
+}

@@ -1,0 +1,233 @@
+//! Wiring: logging, the HTTP endpoints, leader election, the controller, and
+//! the bounded stop on SIGTERM (SPEC §6).
+
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+use plunger::events::Events;
+use plunger::lease::{Attempt, LeaseLock};
+use plunger::ratelimit::RateLimiter;
+use plunger::reconcile::{Controls, Reconciler};
+use plunger::timings::Timings;
+use tokio::sync::watch;
+
+use crate::cli::Args;
+use crate::controller::{self, Context, Scope};
+use crate::metrics::Metrics;
+use crate::server::{self, Readiness};
+
+/// Why the controller stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stop {
+    Running,
+    /// SIGTERM or SIGINT: stop within the bound, keep the Lease.
+    Signal,
+    /// The Lease could not be renewed in time: stop writing at once.
+    LostLease,
+}
+
+/// Runs the controller until it is told to stop.
+pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
+    args.log.init();
+    let timings = args.grace.shutdown_grace_period_seconds;
+    let client = args.kube.client().await?;
+    let identity = args.lease.identity();
+    let metrics = Arc::new(Metrics::default());
+    let readiness = Readiness::default();
+
+    let metrics_listener = server::bind(args.metrics_addr, "--metrics-addr").await?;
+    let health_listener = server::bind(args.health_addr, "--health-addr").await?;
+    tracing::info!(
+        metrics = %metrics_listener.local_addr()?,
+        health = %health_listener.local_addr()?,
+        identity = %identity,
+        grace_period_seconds = timings.grace_period.as_secs(),
+        "flux-plunger starting"
+    );
+    tokio::spawn(server::serve_health(health_listener, readiness.clone()));
+
+    let (stop_tx, mut stop_rx) = watch::channel(Stop::Running);
+    tokio::spawn(stop_on_signal(stop_tx.clone()));
+
+    if args.leader_elect {
+        let namespace = args
+            .lease
+            .leader_election_namespace
+            .clone()
+            .filter(|n| !n.is_empty())
+            .context("--leader-elect needs --leader-election-namespace (or POD_NAMESPACE)")?;
+        let mut lock = LeaseLock::new(
+            client.clone(),
+            &namespace,
+            &args.lease.leader_election_lease_name,
+            &identity,
+            timings.lease_duration,
+        );
+        if !acquire(&mut lock, &timings, &mut stop_rx).await? {
+            tracing::info!("stopped before becoming the leader");
+            return Ok(ExitCode::SUCCESS);
+        }
+        metrics.leader.set(1);
+        tokio::spawn(keep_lease(lock, timings, stop_tx.clone()));
+    } else {
+        tracing::warn!("leader election is off: run exactly one flux-plunger against this cluster");
+    }
+
+    let events = Events::new(client.clone(), "flux-plunger", Some(identity));
+    let controls = Controls {
+        dry_run: args.dry_run,
+        rate_limit: RateLimiter::per_minute(args.max_recoveries_per_minute),
+    };
+    if args.dry_run {
+        tracing::warn!(
+            "dry run: decisions are logged, recorded as events and counted; nothing is written"
+        );
+    }
+    let reconciler = Reconciler::new(client.clone(), events, timings).with_controls(controls);
+    let scope = Scope {
+        namespaces: args.watch_namespaces.clone(),
+        label_selector: args.watch_label_selector.clone(),
+    };
+    let ctx = Arc::new(Context::new(reconciler, metrics.clone()));
+    let (stores_tx, stores_rx) = tokio::sync::oneshot::channel();
+    let mut controller_stop = stop_rx.clone();
+    let controller_task = tokio::spawn(controller::run(
+        client,
+        ctx,
+        scope,
+        args.concurrent,
+        readiness,
+        stores_tx,
+        async move {
+            let _ = controller_stop.wait_for(|s| *s != Stop::Running).await;
+        },
+    ));
+    if let Ok(stores) = stores_rx.await {
+        let gauges = metrics.clone();
+        tokio::spawn(server::serve_metrics(metrics_listener, gauges, move |m| {
+            controller::refresh_gauges(&stores, m)
+        }));
+    }
+
+    let stop = *stop_rx
+        .wait_for(|s| *s != Stop::Running)
+        .await
+        .context("the stop channel closed")?;
+    match stop {
+        Stop::LostLease => {
+            controller_task.abort();
+            tracing::error!(
+                "lost the leader Lease: stopped at once; the pod restarts as a candidate"
+            );
+            Ok(ExitCode::FAILURE)
+        }
+        Stop::Signal | Stop::Running => {
+            let started = Instant::now();
+            let mut controller_task = controller_task;
+            match tokio::time::timeout(timings.controller_stop_bound, &mut controller_task).await {
+                Ok(_) => {
+                    tracing::info!(took = ?started.elapsed(), "stopped; the Lease is kept for the drain")
+                }
+                Err(_) => {
+                    // Dropping an in-flight recovery is safe: what it holds is
+                    // settled by the drain, or by the next leader.
+                    controller_task.abort();
+                    tracing::warn!(bound = ?timings.controller_stop_bound, "in-flight reconciles abandoned at the stop bound; the Lease is kept for the drain");
+                }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+async fn stop_on_signal(stop: watch::Sender<Stop>) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        tracing::error!("cannot listen for SIGTERM/SIGINT");
+        return;
+    };
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM: stopping"),
+        _ = int.recv() => tracing::info!("SIGINT: stopping"),
+    }
+    let _ = stop.send(Stop::Signal);
+}
+
+/// Waits for the Lease; false if told to stop first.
+async fn acquire(
+    lock: &mut LeaseLock,
+    timings: &Timings,
+    stop: &mut watch::Receiver<Stop>,
+) -> anyhow::Result<bool> {
+    let mut last_holder = None;
+    loop {
+        match lock.try_acquire_or_renew().await {
+            Ok(Attempt::Held) => {
+                tracing::info!(identity = lock.identity(), "became the leader");
+                return Ok(true);
+            }
+            Ok(Attempt::HeldBy(holder)) => {
+                if last_holder.as_ref() != Some(&holder) {
+                    tracing::info!(holder = %holder, "waiting for the leader Lease");
+                    last_holder = Some(holder);
+                }
+            }
+            Err(err) => {
+                tracing::warn!(error = %err, "could not read or take the leader Lease; retrying")
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(timings.lease_retry_period) => {}
+            _ = stop.wait_for(|s| *s != Stop::Running) => return Ok(false),
+        }
+    }
+}
+
+/// Renews the Lease every retry period while running; a leader that could
+/// not renew within the renew deadline stops writing.
+async fn keep_lease(mut lock: LeaseLock, timings: Timings, stop: watch::Sender<Stop>) {
+    let mut last_renewal = Instant::now();
+    let mut rx = stop.subscribe();
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(timings.lease_retry_period) => {}
+            // Stopped: leave the Lease as it is, for the drain.
+            _ = rx.wait_for(|s| *s != Stop::Running) => return,
+        }
+        match tokio::time::timeout(
+            timings.lease_retry_period.max(Duration::from_secs(1)),
+            lock.try_acquire_or_renew(),
+        )
+        .await
+        {
+            Ok(Ok(Attempt::Held)) => last_renewal = Instant::now(),
+            Ok(Ok(Attempt::HeldBy(holder))) => {
+                tracing::error!(holder = %holder, "the leader Lease was taken over");
+                let _ = stop.send(Stop::LostLease);
+                return;
+            }
+            Ok(Err(err)) => tracing::warn!(error = %err, "could not renew the leader Lease"),
+            Err(_) => tracing::warn!("renewing the leader Lease timed out"),
+        }
+        if last_renewal.elapsed() >= timings.lease_renew_deadline {
+            let _ = stop.send(Stop::LostLease);
+            return;
+        }
+    }
+}
+
+/// Refuses flag combinations clap cannot see.
+pub fn validate(args: &Args) -> anyhow::Result<()> {
+    if args.metrics_addr == args.health_addr && args.metrics_addr.port() != 0 {
+        bail!(
+            "--metrics-addr and --health-addr are both {}: give them different ports",
+            args.metrics_addr
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,273 @@
+//! The controller binary as a process against the local control plane.
+
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::api::Api;
+use plunger::names::PROCESSED_VERSION_ANNOTATION;
+use plunger::release::ReleaseView;
+use serde_json::json;
+use testkit::control_plane::AuthInfo;
+use testkit::{Handled, SimulatedHelmController, TestNamespace, control_plane, eventually};
+use tokio::process::{Child, Command};
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+struct Running {
+    child: Child,
+    metrics: u16,
+    health: u16,
+    _dir: tempfile::TempDir,
+}
+
+async fn start(extra: &[&str], env: &[(&str, &str)]) -> Result<Running> {
+    let dir = tempfile::tempdir()?;
+    let kubeconfig = dir.path().join("kubeconfig");
+    control_plane().write_kubeconfig(&kubeconfig, &AuthInfo::AdminCertificate)?;
+    let (metrics, health) = (free_port(), free_port());
+    let mut command = Command::new(env!("CARGO_BIN_EXE_flux-plunger"));
+    command
+        .arg(format!("--kubeconfig={}", kubeconfig.display()))
+        .arg(format!("--metrics-addr=127.0.0.1:{metrics}"))
+        .arg(format!("--health-addr=127.0.0.1:{health}"))
+        .arg("--log-encoding=console")
+        .arg("--log-level=debug")
+        .args(extra)
+        .env_remove("POD_NAME")
+        .env_remove("POD_NAMESPACE")
+        .envs(env.iter().copied())
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true);
+    let child = command.spawn()?;
+    Ok(Running {
+        child,
+        metrics,
+        health,
+        _dir: dir,
+    })
+}
+
+async fn http_get(port: u16, path: &str) -> Result<(u16, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+    stream
+        .write_all(
+            format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+                .as_bytes(),
+        )
+        .await?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await?;
+    let status = response
+        .split_whitespace()
+        .nth(1)
+        .context("no status line")?
+        .parse()?;
+    let body = response
+        .split("\r\n\r\n")
+        .nth(1)
+        .unwrap_or_default()
+        .to_owned();
+    Ok((status, body))
+}
+
+async fn wait_ready(running: &Running) -> Result<()> {
+    eventually(Duration::from_secs(30), "/readyz answers 200", || async {
+        Ok(matches!(
+            http_get(running.health, "/readyz").await,
+            Ok((200, _))
+        ))
+    })
+    .await
+}
+
+#[tokio::test]
+async fn the_controller_recovers_a_stuck_release_and_counts_it() -> Result<()> {
+    let _turn = testkit::cluster_wide_turn().await;
+    let client = control_plane().client().await?;
+    let ns = TestNamespace::create(&client, "binary").await?;
+    let hc = SimulatedHelmController::new(client.clone(), &ns.name);
+    let running = start(&["--leader-elect=false", "--concurrent=2"], &[]).await?;
+    wait_ready(&running).await?;
+    assert_eq!(http_get(running.health, "/healthz").await?.0, 200);
+
+    ns.create_release("web", json!({})).await?;
+    assert_eq!(hc.handle("web").await?, Handled::AddedFinalizer);
+    ns.create_storage_secret("web", 1, "superseded").await?;
+    ns.create_storage_secret("web", 2, "uninstalling").await?;
+    ns.mark_stuck("web").await?;
+
+    eventually(
+        Duration::from_secs(30),
+        "the release is recovered",
+        || async {
+            let object = ns.releases().get("web").await?;
+            let view = ReleaseView::from_object(&object);
+            Ok(view
+                .annotations
+                .get(PROCESSED_VERSION_ANNOTATION)
+                .map(String::as_str)
+                == Some("2")
+                && !view.suspend
+                && !view.has_fence())
+        },
+    )
+    .await?;
+    let secrets: Vec<String> = ns
+        .secrets()
+        .list(&Default::default())
+        .await?
+        .items
+        .into_iter()
+        .filter_map(|s| s.metadata.name)
+        .collect();
+    assert_eq!(secrets, vec!["sh.helm.release.v1.web.v1"]);
+
+    let (status, metrics) = http_get(running.metrics, "/metrics").await?;
+    assert_eq!(status, 200);
+    assert!(
+        metrics.contains("flux_plunger_recoveries_total{result=\"recovered\"} 1"),
+        "{metrics}"
+    );
+    assert!(metrics.contains("flux_plunger_fences_held 0"), "{metrics}");
+    assert!(
+        metrics.contains("flux_plunger_reconcile_duration_seconds_count"),
+        "{metrics}"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn on_sigterm_the_leader_stops_within_ten_seconds_and_keeps_its_lease() -> Result<()> {
+    let _turn = testkit::cluster_wide_turn().await;
+    let client = control_plane().client().await?;
+    let ns = TestNamespace::create(&client, "sigterm").await?;
+    let mut running = start(
+        &[
+            "--leader-elect=true",
+            "--leader-election-lease-name=flux-plunger",
+        ],
+        &[
+            ("POD_NAME", "flux-plunger-abc"),
+            ("POD_NAMESPACE", &ns.name),
+        ],
+    )
+    .await?;
+    wait_ready(&running).await?;
+    let leases: Api<Lease> = Api::namespaced(client.clone(), &ns.name);
+    let holder = |lease: Lease| lease.spec.and_then(|s| s.holder_identity);
+    assert_eq!(
+        holder(leases.get("flux-plunger").await?).as_deref(),
+        Some("flux-plunger-abc")
+    );
+    let (_, metrics) = http_get(running.metrics, "/metrics").await?;
+    assert!(metrics.contains("flux_plunger_leader 1"), "{metrics}");
+
+    let pid = running.child.id().context("no pid")?;
+    let started = Instant::now();
+    std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()?;
+    let status = tokio::time::timeout(Duration::from_secs(15), running.child.wait()).await??;
+    assert!(status.success(), "{status:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(
+        holder(leases.get("flux-plunger").await?).as_deref(),
+        Some("flux-plunger-abc"),
+        "the Lease is kept for the drain"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn leader_election_without_a_namespace_is_refused_with_the_flag_named() -> Result<()> {
+    let _turn = testkit::cluster_wide_turn().await;
+    let mut running = start(&["--leader-elect=true"], &[]).await?;
+    let status = tokio::time::timeout(Duration::from_secs(15), running.child.wait()).await??;
+    assert_eq!(status.code(), Some(1));
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_scoped_controller_recovers_only_the_namespaces_and_labels_it_watches() -> Result<()> {
+    let _turn = testkit::cluster_wide_turn().await;
+    let client = control_plane().client().await?;
+    let watched = TestNamespace::create(&client, "scope-in").await?;
+    let other = TestNamespace::create(&client, "scope-out").await?;
+    let running = start(
+        &[
+            "--leader-elect=false",
+            &format!("--watch-namespace={}", watched.name),
+            "--watch-label-selector=team=payments",
+        ],
+        &[],
+    )
+    .await?;
+    wait_ready(&running).await?;
+
+    for (ns, name, labelled) in [
+        (&watched, "labelled", true),
+        (&watched, "unlabelled", false),
+        (&other, "labelled", true),
+    ] {
+        let hc = SimulatedHelmController::new(client.clone(), &ns.name);
+        ns.create_release(name, json!({})).await?;
+        if labelled {
+            ns.releases()
+                .patch(
+                    name,
+                    &kube::api::PatchParams::default(),
+                    &kube::api::Patch::Merge(json!({"metadata": {"labels": {"team": "payments"}}})),
+                )
+                .await?;
+        }
+        hc.handle(name).await?;
+        ns.create_storage_secret(name, 1, "uninstalling").await?;
+        ns.mark_stuck(name).await?;
+    }
+
+    eventually(
+        Duration::from_secs(30),
+        "the watched, labelled release is recovered",
+        || async {
+            let view = ReleaseView::from_object(&watched.releases().get("labelled").await?);
+            Ok(view.annotations.contains_key(PROCESSED_VERSION_ANNOTATION))
+        },
+    )
+    .await?;
+    // Give the controller time it would need to act on the others.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    for (ns, name) in [(&watched, "unlabelled"), (&other, "labelled")] {
+        let view = ReleaseView::from_object(&ns.releases().get(name).await?);
+        assert!(
+            !view.annotations.contains_key(PROCESSED_VERSION_ANNOTATION),
+            "{}/{name}",
+            ns.name
+        );
+        assert_eq!(
+            ns.secrets()
+                .list(&Default::default())
+                .await?
+                .items
+                .iter()
+                .filter(|s| s.metadata.name.as_deref()
+                    == Some(&format!("sh.helm.release.v1.{name}.v1")))
+                .count(),
+            1
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,177 @@
+//! The one write primitive (SPEC §3) and the annotation patch. Nothing else
+//! in flux-plunger writes a HelmRelease.
+//!
+//! Every apply carries the `resourceVersion` and `uid` of the read that
+//! decided on it: a write landing in between makes it fail with 409 instead
+//! of being absorbed, and an apply for a release that has gone (and may have
+//! been re-created) can neither create nor touch another one. The body holds
+//! only identity, preconditions, and the two fields we claim, so it cannot
+//! send defaults (a typed body would) or take any other field.
+
+use kube::Client;
+use kube::api::{DynamicObject, Patch, PatchParams};
+use serde_json::{Value, json};
+
+use crate::names::{
+    FENCE_FINALIZER, FIELD_MANAGER, HELMRELEASE_API_VERSION, HELMRELEASE_KIND,
+    PROCESSED_VERSION_ANNOTATION, SHARED_FIELD_MANAGER,
+};
+use crate::release::{ReleaseView, helmreleases};
+
+/// What one apply claims. A field left out is given up: `spec.suspend` falls
+/// back to unset when we were its only owner and stays when someone else
+/// co-owns it; the same for the fence.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Claim {
+    pub suspend: bool,
+    pub fence: bool,
+}
+
+impl Claim {
+    /// Suspension and fence, taken together (SPEC §4.8).
+    pub const SUSPEND_AND_FENCE: Claim = Claim {
+        suspend: true,
+        fence: true,
+    };
+    /// The fence alone: a delete must wait for the uninstall (SPEC §5a).
+    pub const FENCE_ONLY: Claim = Claim {
+        suspend: false,
+        fence: true,
+    };
+    /// Nothing: give up whatever we hold.
+    pub const NOTHING: Claim = Claim {
+        suspend: false,
+        fence: false,
+    };
+}
+
+/// The body of our apply for `release` as read.
+pub fn apply_body(release: &ReleaseView, claim: Claim) -> Value {
+    let mut body = json!({
+        "apiVersion": HELMRELEASE_API_VERSION,
+        "kind": HELMRELEASE_KIND,
+        "metadata": {
+            "name": release.name,
+            "namespace": release.namespace,
+            "resourceVersion": release.resource_version,
+            "uid": release.uid,
+        },
+    });
+    if claim.fence {
+        body["metadata"]["finalizers"] = json!([FENCE_FINALIZER]);
+    }
+    if claim.suspend {
+        body["spec"] = json!({ "suspend": true });
+    }
+    body
+}
+
+/// Applies `claim` to the release as read, as manager `flux-plunger`.
+/// `force` only for the acquire's second try (SPEC §4.8).
+pub async fn apply(
+    client: &Client,
+    release: &ReleaseView,
+    claim: Claim,
+    force: bool,
+) -> kube::Result<DynamicObject> {
+    let mut params = PatchParams::apply(FIELD_MANAGER);
+    if force {
+        params = params.force();
+    }
+    helmreleases(client.clone(), &release.namespace)
+        .patch(
+            &release.name,
+            &params,
+            &Patch::Apply(apply_body(release, claim)),
+        )
+        .await
+}
+
+/// The merge patch that records the reclaimed revision, locked on the
+/// resourceVersion of the release as read.
+pub fn annotation_patch(release: &ReleaseView, revision: u64) -> Value {
+    json!({
+        "metadata": {
+            "resourceVersion": release.resource_version,
+            "annotations": { PROCESSED_VERSION_ANNOTATION: revision.to_string() },
+        },
+    })
+}
+
+/// Writes the processed-revision annotation under the shared manager
+/// `flux-client-side-apply`, so that it never makes anything look like ours.
+pub async fn annotate(
+    client: &Client,
+    release: &ReleaseView,
+    revision: u64,
+) -> kube::Result<DynamicObject> {
+    let params = PatchParams {
+        field_manager: Some(SHARED_FIELD_MANAGER.to_owned()),
+        ..PatchParams::default()
+    };
+    helmreleases(client.clone(), &release.namespace)
+        .patch(
+            &release.name,
+            &params,
+            &Patch::Merge(annotation_patch(release, revision)),
+        )
+        .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn release() -> ReleaseView {
+        ReleaseView {
+            namespace: "apps".into(),
+            name: "web".into(),
+            uid: "u-1".into(),
+            resource_version: "42".into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn the_acquire_body_holds_only_identity_preconditions_suspend_and_fence() {
+        let body = apply_body(&release(), Claim::SUSPEND_AND_FENCE);
+        assert_eq!(
+            body,
+            json!({
+                "apiVersion": "helm.toolkit.fluxcd.io/v2",
+                "kind": "HelmRelease",
+                "metadata": {
+                    "name": "web", "namespace": "apps",
+                    "resourceVersion": "42", "uid": "u-1",
+                    "finalizers": ["flux-plunger.cozystack.io/uninstall-fence"],
+                },
+                "spec": {"suspend": true},
+            })
+        );
+    }
+
+    #[test]
+    fn keeping_only_the_fence_leaves_spec_out_entirely() {
+        let body = apply_body(&release(), Claim::FENCE_ONLY);
+        assert!(body.get("spec").is_none());
+        assert_eq!(body["metadata"]["finalizers"], json!([FENCE_FINALIZER]));
+    }
+
+    #[test]
+    fn giving_everything_up_sends_identity_and_preconditions_alone() {
+        let body = apply_body(&release(), Claim::NOTHING);
+        assert!(body.get("spec").is_none());
+        assert!(body["metadata"].get("finalizers").is_none());
+        assert_eq!(body["metadata"]["uid"], "u-1");
+        assert_eq!(body["metadata"]["resourceVersion"], "42");
+    }
+
+    #[test]
+    fn the_annotation_patch_is_locked_on_the_resource_version_read() {
+        assert_eq!(
+            annotation_patch(&release(), 5),
+            json!({"metadata": {"resourceVersion": "42",
+                "annotations": {"flux-plunger.cozystack.io/last-processed-version": "5"}}})
+        );
+    }
+}

@@ -1,0 +1,273 @@
+//! What to do next, as pure functions of what was read (SPEC §4-§5).
+//!
+//! Nothing here talks to the apiserver; `reconcile` reads, asks, and carries
+//! the answer out. Every branch is a unit test below.
+
+use std::time::Duration;
+
+use crate::names::reasons;
+use crate::release::{ProcessedVersion, ReleaseView};
+use crate::storage::StorageRevision;
+
+/// An event to record on the release.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EventSpec {
+    pub warning: bool,
+    pub reason: &'static str,
+    pub action: &'static str,
+    pub note: String,
+}
+
+impl EventSpec {
+    fn normal(reason: &'static str, action: &'static str, note: String) -> Self {
+        Self {
+            warning: false,
+            reason,
+            action,
+            note,
+        }
+    }
+
+    fn warning(reason: &'static str, action: &'static str, note: String) -> Self {
+        Self {
+            warning: true,
+            reason,
+            action,
+            note,
+        }
+    }
+}
+
+/// The next step for a release, decided from one fresh read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// Nothing to write.
+    Nothing { event: Option<EventSpec> },
+    /// Give up our suspension; keep the fence only when a delete is pending,
+    /// so that the delete waits for helm-controller's uninstall (SPEC §5a).
+    Lift { keep_fence: bool },
+    /// Give up the fence alone; someone else's suspension is left as it is.
+    DropFence { event: Option<EventSpec> },
+    /// A delete waits for helm-controller's uninstall: keep the fence and look
+    /// again after `recheck`, whether or not helm-controller writes.
+    HoldFence {
+        recheck: Duration,
+        event: Option<EventSpec>,
+    },
+    /// Stuck, not suspended, no fence: look at the Helm storage next.
+    InspectStorage,
+}
+
+/// What `decide` needs besides the release.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Clock {
+    /// How long the release has been terminating (since its deletionTimestamp).
+    pub terminating_for: Option<Duration>,
+    /// How long ago we last warned that this release's delete is held.
+    pub since_last_fence_warning: Option<Duration>,
+    /// How often a held fence is re-checked (SPEC §5e).
+    pub fence_recheck_interval: Duration,
+    /// How long a delete may be held before we warn (SPEC §5e).
+    pub fence_held_warning_after: Duration,
+}
+
+/// SPEC §4 steps 2-5 and §5: the decision for one fresh read of a release.
+pub fn decide(release: &ReleaseView, clock: &Clock) -> Decision {
+    if release.terminating {
+        return decide_terminating(release, clock);
+    }
+    if release.suspend {
+        if release.suspend_owned_by_us() {
+            // Ours on a live release: an earlier run stopped mid-recovery.
+            // Lift it and the fence together, and nothing else in this pass.
+            return Decision::Lift { keep_fence: false };
+        }
+        let event = suspension_not_owned(release);
+        return if release.has_fence() {
+            Decision::DropFence { event: Some(event) }
+        } else {
+            Decision::Nothing { event: Some(event) }
+        };
+    }
+    if release.has_fence() {
+        // A fence without a suspension protects nothing.
+        return Decision::DropFence { event: None };
+    }
+    if !release.is_stuck() || release.recovery_disabled() {
+        return Decision::Nothing { event: None };
+    }
+    Decision::InspectStorage
+}
+
+fn decide_terminating(release: &ReleaseView, clock: &Clock) -> Decision {
+    if release.suspend && release.suspend_owned_by_us() {
+        // helm-controller must see an unsuspended generation to uninstall;
+        // the fence keeps the release until it has.
+        // A finalizer cannot be added to an object being deleted, so "keep"
+        // means keep the fence only where it already is.
+        return Decision::Lift {
+            keep_fence: release.has_fence(),
+        };
+    }
+    if release.suspend {
+        // Another manager suspended, then deleted: its decision to skip the
+        // uninstall (migrations do this on purpose). Unless we recovered this
+        // release before: then the suspension is most likely one an older
+        // flux-plunger left behind, and the skipped uninstall an accident.
+        let accident = release.carries_processed_annotation();
+        let note = if accident {
+            format!(
+                "{} is being deleted while suspended by another manager; helm-controller will skip the Helm uninstall. It carries flux-plunger's processed-revision annotation, so the suspension may have been left by an older flux-plunger: check that the release's resources are meant to stay",
+                release.key()
+            )
+        } else {
+            format!(
+                "{} is being deleted while suspended by another manager; helm-controller will skip the Helm uninstall, as that manager intended",
+                release.key()
+            )
+        };
+        let event = if accident {
+            EventSpec::warning(reasons::TERMINATING_WHILE_SUSPENDED, "ReleaseFence", note)
+        } else {
+            EventSpec::normal(reasons::TERMINATING_WHILE_SUSPENDED, "ReleaseFence", note)
+        };
+        return if release.has_fence() {
+            Decision::DropFence { event: Some(event) }
+        } else {
+            Decision::Nothing { event: Some(event) }
+        };
+    }
+    if !release.has_fence() {
+        return Decision::Nothing { event: None };
+    }
+    if release.uninstall_reached() {
+        return Decision::DropFence { event: None };
+    }
+    let held_long = clock
+        .terminating_for
+        .is_some_and(|held| held >= clock.fence_held_warning_after);
+    let warned_recently = clock
+        .since_last_fence_warning
+        .is_some_and(|since| since < clock.fence_recheck_interval);
+    let event = (held_long && !warned_recently).then(|| {
+        EventSpec::warning(
+            reasons::UNINSTALL_FENCE_HELD,
+            "HoldFence",
+            format!(
+                "the delete of {} has been held by flux-plunger's uninstall fence for {}: helm-controller has not finished its uninstall (its finalizer is {}, observed generation {:?} of {:?})",
+                release.key(),
+                humanize(clock.terminating_for.unwrap_or_default()),
+                if release.has_helm_controller_finalizer() { "still present" } else { "gone" },
+                release.observed_generation,
+                release.generation,
+            ),
+        )
+    });
+    Decision::HoldFence {
+        recheck: clock.fence_recheck_interval,
+        event,
+    }
+}
+
+fn suspension_not_owned(release: &ReleaseView) -> EventSpec {
+    if release.carries_processed_annotation() {
+        EventSpec::warning(
+            reasons::SUSPENSION_NOT_OWNED,
+            "Skip",
+            format!(
+                "{} is suspended by another manager and left alone. flux-plunger has recovered it before, so this may be a suspension an older flux-plunger left mid-recovery: resume it by hand (flux resume helmrelease) once nothing else holds it",
+                release.key()
+            ),
+        )
+    } else {
+        EventSpec::normal(
+            reasons::SUSPENSION_NOT_OWNED,
+            "Skip",
+            format!(
+                "{} is suspended by another manager; flux-plunger leaves it alone",
+                release.key()
+            ),
+        )
+    }
+}
+
+/// SPEC §4 steps 6-7: whether the storage of a stuck release holds a
+/// revision to reclaim.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RecoveryPlan {
+    /// Reclaim (delete) this revision.
+    Reclaim(StorageRevision),
+    /// Leave the storage alone, for the reason given.
+    Skip(SkipReason),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SkipReason {
+    /// No storage Secret: nothing to reclaim.
+    NoRevisions,
+    /// The newest revision is the one just below the revision we reclaimed.
+    AlreadyProcessed { latest: u64, processed: u64 },
+    /// The newest revision is deployed: deleting it would lose a good release.
+    LatestIsDeployed { latest: u64 },
+}
+
+/// Chooses the revision to reclaim: the newest one, unless it is the one
+/// below the revision we already reclaimed, or a deployed one.
+pub fn plan_recovery(release: &ReleaseView, revisions: &[StorageRevision]) -> RecoveryPlan {
+    let Some(latest) = revisions.iter().max_by_key(|r| r.revision) else {
+        return RecoveryPlan::Skip(SkipReason::NoRevisions);
+    };
+    if let ProcessedVersion::Revision(processed) = release.processed_version()
+        && latest.revision.checked_add(1) == Some(processed)
+    {
+        return RecoveryPlan::Skip(SkipReason::AlreadyProcessed {
+            latest: latest.revision,
+            processed,
+        });
+    }
+    if latest.status == "deployed" {
+        return RecoveryPlan::Skip(SkipReason::LatestIsDeployed {
+            latest: latest.revision,
+        });
+    }
+    RecoveryPlan::Reclaim(latest.clone())
+}
+
+/// SPEC §4.8: may we take the suspension, given a fresh read? Only from a
+/// live release that nobody has suspended. Asked twice: before the unforced
+/// apply, and again after it conflicted, before forcing. The second time a
+/// conflict with `spec.suspend` still false means an owner of `false` (a
+/// backup controller's Update), which an unforced apply can never take over;
+/// a `true` set meanwhile is somebody's suspension and is never taken.
+pub fn may_take_suspension(release: &ReleaseView) -> bool {
+    !release.terminating && !release.suspend
+}
+
+/// SPEC §4.11: go on to delete the storage Secret only if the release, read
+/// again right before, is still there and not being deleted.
+pub fn may_delete_storage(release: Option<&ReleaseView>) -> bool {
+    release.is_some_and(|r| !r.terminating)
+}
+
+/// Whether a release is worth a reconcile when the watch reports it (SPEC §4
+/// watch filter): stuck, suspended by us, fenced, or suspended and terminating.
+pub fn is_of_interest(release: &ReleaseView) -> bool {
+    release.is_stuck()
+        || release.suspended_by_us()
+        || release.has_fence()
+        || (release.suspend && release.terminating)
+}
+
+/// Short, human text for a duration, e.g. "12m 5s".
+fn humanize(d: Duration) -> String {
+    let secs = d.as_secs();
+    if secs >= 60 {
+        format!("{}m {}s", secs / 60, secs % 60)
+    } else {
+        format!("{secs}s")
+    }
+}
+
+#[cfg(test)]
+#[path = "decide_tests.rs"]
+mod tests;

@@ -1,0 +1,469 @@
+//! Every branch of `decide`, `plan_recovery` and the small predicates.
+
+use std::time::Duration;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{FieldsV1, ManagedFieldsEntry};
+use serde_json::json;
+
+use super::*;
+use crate::names::{FENCE_FINALIZER, HELM_CONTROLLER_FINALIZER, PROCESSED_VERSION_ANNOTATION};
+use crate::release::ReadyCondition;
+
+const MINUTE: Duration = Duration::from_secs(60);
+
+fn entry(manager: &str, operation: &str, owns_suspend: bool) -> ManagedFieldsEntry {
+    let fields = if owns_suspend {
+        json!({"f:spec": {"f:suspend": {}}})
+    } else {
+        json!({"f:spec": {"f:interval": {}}})
+    };
+    ManagedFieldsEntry {
+        manager: Some(manager.into()),
+        operation: Some(operation.into()),
+        fields_v1: Some(FieldsV1(fields)),
+        ..Default::default()
+    }
+}
+
+fn release() -> ReleaseView {
+    ReleaseView {
+        namespace: "apps".into(),
+        name: "web".into(),
+        uid: "uid-1".into(),
+        resource_version: "7".into(),
+        generation: Some(3),
+        observed_generation: Some(3),
+        finalizers: vec![HELM_CONTROLLER_FINALIZER.into()],
+        ..Default::default()
+    }
+}
+
+fn stuck(mut r: ReleaseView) -> ReleaseView {
+    r.ready = Some(ReadyCondition {
+        status: "False".into(),
+        message: "Helm upgrade failed: \"web\" has no deployed releases".into(),
+    });
+    r
+}
+
+fn suspended_by(mut r: ReleaseView, manager: &str, operation: &str) -> ReleaseView {
+    r.suspend = true;
+    r.managed_fields.push(entry(manager, operation, true));
+    r
+}
+
+fn ours(r: ReleaseView) -> ReleaseView {
+    suspended_by(r, "flux-plunger", "Apply")
+}
+
+fn fenced(mut r: ReleaseView) -> ReleaseView {
+    r.finalizers.push(FENCE_FINALIZER.into());
+    r
+}
+
+fn annotated(mut r: ReleaseView, value: &str) -> ReleaseView {
+    r.annotations
+        .insert(PROCESSED_VERSION_ANNOTATION.into(), value.into());
+    r
+}
+
+fn terminating(mut r: ReleaseView) -> ReleaseView {
+    r.terminating = true;
+    r
+}
+
+fn clock() -> Clock {
+    Clock {
+        terminating_for: None,
+        since_last_fence_warning: None,
+        fence_recheck_interval: MINUTE,
+        fence_held_warning_after: 10 * MINUTE,
+    }
+}
+
+fn held_for(held: Duration, warned: Option<Duration>) -> Clock {
+    Clock {
+        terminating_for: Some(held),
+        since_last_fence_warning: warned,
+        ..clock()
+    }
+}
+
+fn event_of(decision: &Decision) -> Option<&EventSpec> {
+    match decision {
+        Decision::Nothing { event } | Decision::DropFence { event } => event.as_ref(),
+        Decision::HoldFence { event, .. } => event.as_ref(),
+        _ => None,
+    }
+}
+
+// --- live releases (SPEC §4) ---
+
+#[test]
+fn a_healthy_release_needs_nothing() {
+    assert_eq!(
+        decide(&release(), &clock()),
+        Decision::Nothing { event: None }
+    );
+}
+
+#[test]
+fn a_ready_false_release_with_another_message_is_not_stuck() {
+    let mut r = release();
+    r.ready = Some(ReadyCondition {
+        status: "False".into(),
+        message: "install retries exhausted".into(),
+    });
+    assert_eq!(decide(&r, &clock()), Decision::Nothing { event: None });
+}
+
+#[test]
+fn a_ready_true_release_mentioning_the_message_is_not_stuck() {
+    let mut r = stuck(release());
+    r.ready.as_mut().unwrap().status = "True".into();
+    assert_eq!(decide(&r, &clock()), Decision::Nothing { event: None });
+}
+
+#[test]
+fn a_stuck_clean_release_goes_on_to_its_storage() {
+    assert_eq!(
+        decide(&stuck(release()), &clock()),
+        Decision::InspectStorage
+    );
+}
+
+#[test]
+fn our_suspension_on_a_live_release_is_lifted_with_the_fence_and_nothing_else() {
+    let r = stuck(fenced(ours(release())));
+    assert_eq!(decide(&r, &clock()), Decision::Lift { keep_fence: false });
+}
+
+#[test]
+fn our_suspension_shared_with_another_applier_still_counts_as_ours() {
+    let r = suspended_by(ours(release()), "migration", "Apply");
+    assert_eq!(decide(&r, &clock()), Decision::Lift { keep_fence: false });
+}
+
+#[test]
+fn an_update_entry_of_our_manager_is_not_our_suspension() {
+    let r = suspended_by(release(), "flux-plunger", "Update");
+    assert!(matches!(
+        decide(&r, &clock()),
+        Decision::Nothing { event: Some(_) }
+    ));
+}
+
+#[test]
+fn an_apply_entry_of_ours_that_does_not_own_suspend_is_not_our_suspension() {
+    let mut r = suspended_by(release(), "kubectl", "Update");
+    r.managed_fields.push(entry("flux-plunger", "Apply", false));
+    assert!(matches!(
+        decide(&r, &clock()),
+        Decision::Nothing { event: Some(_) }
+    ));
+}
+
+#[test]
+fn a_foreign_suspension_is_left_alone_with_a_normal_event() {
+    let r = stuck(suspended_by(release(), "kubectl-patch", "Update"));
+    let decision = decide(&r, &clock());
+    let event = event_of(&decision).expect("an event");
+    assert!(matches!(decision, Decision::Nothing { .. }));
+    assert_eq!(event.reason, "SuspensionNotOwned");
+    assert!(!event.warning);
+}
+
+#[test]
+fn a_shared_client_side_apply_suspension_is_never_claimed() {
+    let r = suspended_by(release(), "flux-client-side-apply", "Apply");
+    let decision = decide(&r, &clock());
+    assert!(matches!(decision, Decision::Nothing { .. }));
+    assert_eq!(event_of(&decision).unwrap().reason, "SuspensionNotOwned");
+}
+
+#[test]
+fn a_foreign_suspension_on_a_release_we_recovered_before_is_a_warning() {
+    let r = annotated(
+        suspended_by(release(), "flux-client-side-apply", "Update"),
+        "4",
+    );
+    let event = decide(&r, &clock());
+    let event = event_of(&event).unwrap();
+    assert_eq!(event.reason, "SuspensionNotOwned");
+    assert!(event.warning);
+}
+
+#[test]
+fn our_fence_under_a_foreign_suspension_is_dropped_with_the_event() {
+    let r = fenced(suspended_by(release(), "operator", "Apply"));
+    let decision = decide(&r, &clock());
+    assert!(matches!(decision, Decision::DropFence { event: Some(_) }));
+    assert_eq!(event_of(&decision).unwrap().reason, "SuspensionNotOwned");
+}
+
+#[test]
+fn a_fence_without_a_suspension_is_dropped_and_nothing_else_happens() {
+    let r = stuck(fenced(release()));
+    assert_eq!(decide(&r, &clock()), Decision::DropFence { event: None });
+}
+
+#[test]
+fn a_suspension_whose_value_is_false_is_no_suspension() {
+    let mut r = stuck(release());
+    r.managed_fields.push(entry("flux-plunger", "Apply", true));
+    assert_eq!(decide(&r, &clock()), Decision::InspectStorage);
+}
+
+// --- terminating releases (SPEC §5) ---
+
+#[test]
+fn our_suspension_on_a_deleted_release_is_lifted_and_the_fence_kept() {
+    let r = terminating(fenced(ours(release())));
+    assert_eq!(decide(&r, &clock()), Decision::Lift { keep_fence: true });
+}
+
+#[test]
+fn our_suspension_on_a_deleted_release_without_a_fence_is_lifted_without_adding_one() {
+    let r = terminating(ours(release()));
+    assert_eq!(decide(&r, &clock()), Decision::Lift { keep_fence: false });
+}
+
+#[test]
+fn a_deleted_release_under_a_foreign_suspension_loses_our_fence_with_a_normal_event() {
+    let r = terminating(fenced(suspended_by(release(), "migration", "Apply")));
+    let decision = decide(&r, &clock());
+    assert!(matches!(decision, Decision::DropFence { event: Some(_) }));
+    let event = event_of(&decision).unwrap();
+    assert_eq!(event.reason, "TerminatingWhileSuspended");
+    assert!(!event.warning);
+}
+
+#[test]
+fn a_deleted_release_under_a_foreign_suspension_we_recovered_before_is_a_warning() {
+    let r = annotated(
+        terminating(fenced(suspended_by(release(), "migration", "Apply"))),
+        "3",
+    );
+    let decision = decide(&r, &clock());
+    let event = event_of(&decision).unwrap();
+    assert_eq!(event.reason, "TerminatingWhileSuspended");
+    assert!(event.warning);
+}
+
+#[test]
+fn a_deleted_release_under_a_foreign_suspension_without_our_fence_only_gets_the_event() {
+    let r = terminating(suspended_by(release(), "migration", "Apply"));
+    let decision = decide(&r, &clock());
+    assert!(matches!(decision, Decision::Nothing { event: Some(_) }));
+}
+
+#[test]
+fn a_deleted_release_without_our_fence_needs_nothing() {
+    let r = terminating(stuck(release()));
+    assert_eq!(decide(&r, &clock()), Decision::Nothing { event: None });
+}
+
+#[test]
+fn the_fence_goes_once_helm_controller_has_uninstalled_the_observed_generation() {
+    let mut r = terminating(fenced(release()));
+    r.finalizers.retain(|f| f != HELM_CONTROLLER_FINALIZER);
+    r.generation = Some(5);
+    r.observed_generation = Some(5);
+    assert_eq!(decide(&r, &clock()), Decision::DropFence { event: None });
+}
+
+#[test]
+fn the_fence_stays_while_helm_controller_still_holds_its_finalizer() {
+    let r = terminating(fenced(release()));
+    assert_eq!(
+        decide(&r, &clock()),
+        Decision::HoldFence {
+            recheck: MINUTE,
+            event: None
+        }
+    );
+}
+
+#[test]
+fn the_fence_stays_until_helm_controller_has_observed_the_unsuspended_generation() {
+    let mut r = terminating(fenced(release()));
+    r.finalizers.retain(|f| f != HELM_CONTROLLER_FINALIZER);
+    r.generation = Some(5);
+    r.observed_generation = Some(4);
+    assert!(matches!(decide(&r, &clock()), Decision::HoldFence { .. }));
+    r.observed_generation = None;
+    assert!(matches!(decide(&r, &clock()), Decision::HoldFence { .. }));
+}
+
+#[test]
+fn a_delete_held_ten_minutes_raises_uninstall_fence_held() {
+    let r = terminating(fenced(release()));
+    let decision = decide(&r, &held_for(10 * MINUTE, None));
+    let event = event_of(&decision).expect("a warning");
+    assert_eq!(event.reason, "UninstallFenceHeld");
+    assert!(event.warning);
+    assert!(event.note.contains("10m 0s"), "{}", event.note);
+}
+
+#[test]
+fn a_delete_held_less_than_ten_minutes_raises_nothing() {
+    let r = terminating(fenced(release()));
+    let decision = decide(&r, &held_for(10 * MINUTE - Duration::from_secs(1), None));
+    assert_eq!(event_of(&decision), None);
+}
+
+#[test]
+fn a_held_delete_warns_at_most_once_per_recheck_interval() {
+    let r = terminating(fenced(release()));
+    let soon = decide(&r, &held_for(30 * MINUTE, Some(Duration::from_secs(59))));
+    assert_eq!(event_of(&soon), None);
+    let later = decide(&r, &held_for(30 * MINUTE, Some(MINUTE)));
+    assert!(event_of(&later).is_some());
+}
+
+#[test]
+fn a_terminating_stuck_release_never_starts_a_recovery() {
+    let r = terminating(stuck(release()));
+    assert_ne!(decide(&r, &clock()), Decision::InspectStorage);
+}
+
+// --- storage (SPEC §4.6-4.7) ---
+
+fn revision(n: u64, status: &str) -> StorageRevision {
+    StorageRevision {
+        namespace: "apps".into(),
+        name: format!("sh.helm.release.v1.web.v{n}"),
+        revision: n,
+        status: status.into(),
+        uid: format!("s-{n}"),
+        resource_version: "1".into(),
+    }
+}
+
+#[test]
+fn no_storage_means_nothing_to_reclaim() {
+    assert_eq!(
+        plan_recovery(&stuck(release()), &[]),
+        RecoveryPlan::Skip(SkipReason::NoRevisions)
+    );
+}
+
+#[test]
+fn the_highest_revision_is_reclaimed_whatever_the_listing_order() {
+    let revisions = [
+        revision(2, "superseded"),
+        revision(5, "uninstalling"),
+        revision(1, "superseded"),
+    ];
+    assert_eq!(
+        plan_recovery(&stuck(release()), &revisions),
+        RecoveryPlan::Reclaim(revision(5, "uninstalling"))
+    );
+}
+
+#[test]
+fn the_revision_just_below_the_one_we_reclaimed_is_left_alone() {
+    let r = annotated(stuck(release()), "5");
+    assert_eq!(
+        plan_recovery(&r, &[revision(3, "failed"), revision(4, "failed")]),
+        RecoveryPlan::Skip(SkipReason::AlreadyProcessed {
+            latest: 4,
+            processed: 5
+        })
+    );
+}
+
+#[test]
+fn any_other_processed_value_lets_the_recovery_run() {
+    for value in [
+        "4",
+        "5",
+        "7",
+        "0",
+        "abc",
+        "",
+        "-5",
+        "99999999999999999999999",
+    ] {
+        let r = annotated(stuck(release()), value);
+        assert_eq!(
+            plan_recovery(&r, &[revision(5, "failed")]),
+            RecoveryPlan::Reclaim(revision(5, "failed")),
+            "annotation {value:?}"
+        );
+    }
+}
+
+#[test]
+fn the_processed_guard_does_not_overflow_at_the_largest_revision() {
+    let r = annotated(stuck(release()), &u64::MAX.to_string());
+    assert_eq!(
+        plan_recovery(&r, &[revision(u64::MAX, "failed")]),
+        RecoveryPlan::Reclaim(revision(u64::MAX, "failed"))
+    );
+}
+
+#[test]
+fn a_deployed_newest_revision_is_never_reclaimed() {
+    assert_eq!(
+        plan_recovery(
+            &stuck(release()),
+            &[revision(1, "superseded"), revision(2, "deployed")]
+        ),
+        RecoveryPlan::Skip(SkipReason::LatestIsDeployed { latest: 2 })
+    );
+}
+
+// --- the predicates ---
+
+#[test]
+fn the_suspension_may_be_taken_only_from_a_live_unsuspended_release() {
+    assert!(may_take_suspension(&stuck(release())));
+    assert!(!may_take_suspension(&terminating(stuck(release()))));
+    assert!(!may_take_suspension(&suspended_by(
+        release(),
+        "backup",
+        "Update"
+    )));
+}
+
+#[test]
+fn storage_is_deleted_only_from_a_release_still_there_and_live() {
+    assert!(may_delete_storage(Some(&release())));
+    assert!(!may_delete_storage(Some(&terminating(release()))));
+    assert!(!may_delete_storage(None));
+}
+
+#[test]
+fn the_watch_filter_lets_through_exactly_the_releases_we_may_act_on() {
+    assert!(!is_of_interest(&release()));
+    assert!(is_of_interest(&stuck(release())));
+    assert!(is_of_interest(&ours(release())));
+    assert!(is_of_interest(&fenced(release())));
+    assert!(is_of_interest(&terminating(suspended_by(
+        release(),
+        "m",
+        "Apply"
+    ))));
+    assert!(!is_of_interest(&suspended_by(release(), "m", "Apply")));
+    assert!(!is_of_interest(&terminating(release())));
+}
+
+#[test]
+fn a_stuck_release_opted_out_by_its_annotation_is_not_recovered() {
+    let mut r = stuck(release());
+    r.annotations
+        .insert(crate::names::RECOVER_ANNOTATION.into(), "disabled".into());
+    assert_eq!(decide(&r, &clock()), Decision::Nothing { event: None });
+    r.annotations
+        .insert(crate::names::RECOVER_ANNOTATION.into(), "enabled".into());
+    assert_eq!(decide(&r, &clock()), Decision::InspectStorage);
+}
+
+#[test]
+fn an_opted_out_release_still_loses_our_suspension_and_fence() {
+    let mut r = stuck(fenced(ours(release())));
+    r.annotations
+        .insert(crate::names::RECOVER_ANNOTATION.into(), "disabled".into());
+    assert_eq!(decide(&r, &clock()), Decision::Lift { keep_fence: false });
+}

@@ -1,0 +1,183 @@
+//! The leader Lease that keeps a single writer (SPEC §6).
+//!
+//! A rollout, an eviction or a node drain starts the next flux-plunger pod
+//! while the old one is still stopping and draining, so the Lease, not the
+//! Deployment strategy, keeps one writer. The controller never gives the Lease
+//! up when it stops: its drain sidecar renews it, drains, and only then hands
+//! it over, so the next pod leads seconds after the drain ends instead of
+//! waiting for the Lease to run out (which only a crash costs).
+//!
+//! Expiry is judged client-go's way, from when this process last saw the
+//! record change, never by comparing another node's clock with ours.
+
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use k8s_openapi::jiff::Timestamp;
+use kube::Client;
+use kube::api::{Api, ObjectMeta, PostParams};
+
+/// What one attempt found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Attempt {
+    /// We hold the Lease (taken or renewed just now).
+    Held,
+    /// Another holder's Lease is still valid.
+    HeldBy(String),
+}
+
+/// One candidate for one Lease.
+pub struct LeaseLock {
+    api: Api<Lease>,
+    name: String,
+    identity: String,
+    duration: Duration,
+    /// The last record seen (resourceVersion) and when we first saw it.
+    observed: Option<(String, Instant)>,
+}
+
+impl LeaseLock {
+    pub fn new(
+        client: Client,
+        namespace: &str,
+        name: &str,
+        identity: &str,
+        duration: Duration,
+    ) -> Self {
+        Self {
+            api: Api::namespaced(client, namespace),
+            name: name.to_owned(),
+            identity: identity.to_owned(),
+            duration,
+            observed: None,
+        }
+    }
+
+    pub fn identity(&self) -> &str {
+        &self.identity
+    }
+
+    /// Takes the Lease if it is free, expired or already ours, renewing it in
+    /// the last case. Every update is preconditioned on the resourceVersion
+    /// read, so two candidates can never both succeed.
+    pub async fn try_acquire_or_renew(&mut self) -> kube::Result<Attempt> {
+        let now = Instant::now();
+        let Some(current) = self.api.get_opt(&self.name).await? else {
+            let lease = Lease {
+                metadata: ObjectMeta {
+                    name: Some(self.name.clone()),
+                    ..ObjectMeta::default()
+                },
+                spec: Some(self.spec(None, 0)),
+            };
+            return match self.api.create(&PostParams::default(), &lease).await {
+                Ok(created) => {
+                    self.observe(&created, now);
+                    Ok(Attempt::Held)
+                }
+                Err(kube::Error::Api(s)) if s.code == 409 => Ok(Attempt::HeldBy(String::new())),
+                Err(e) => Err(e),
+            };
+        };
+        self.observe(&current, now);
+        let spec = current.spec.clone().unwrap_or_default();
+        let holder = spec.holder_identity.clone().unwrap_or_default();
+        let ours = holder == self.identity;
+        if !ours && !holder.is_empty() && !self.expired(&spec) {
+            return Ok(Attempt::HeldBy(holder));
+        }
+        let transitions = spec.lease_transitions.unwrap_or(0) + i32::from(!ours);
+        let acquired = if ours {
+            spec.acquire_time.clone()
+        } else {
+            None
+        };
+        let mut updated = current.clone();
+        updated.spec = Some(self.spec(acquired, transitions));
+        match self
+            .api
+            .replace(&self.name, &PostParams::default(), &updated)
+            .await
+        {
+            Ok(written) => {
+                self.observe(&written, now);
+                Ok(Attempt::Held)
+            }
+            Err(kube::Error::Api(s)) if s.code == 409 => Ok(Attempt::HeldBy(holder)),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Who holds the Lease now, if anyone (an empty holder counts as none).
+    pub async fn holder(&self) -> kube::Result<Option<String>> {
+        Ok(self
+            .api
+            .get_opt(&self.name)
+            .await?
+            .and_then(|l| l.spec)
+            .and_then(|s| s.holder_identity)
+            .filter(|h| !h.is_empty()))
+    }
+
+    /// Hands the Lease over: clears the holder if it is still us, so the next
+    /// candidate takes it at its next try. Not done when the controller stops
+    /// (the drain must act first), only when the drain is done.
+    pub async fn release(&self) -> kube::Result<bool> {
+        let Some(mut current) = self.api.get_opt(&self.name).await? else {
+            return Ok(false);
+        };
+        let spec = current.spec.get_or_insert_with(LeaseSpec::default);
+        if spec.holder_identity.as_deref() != Some(self.identity.as_str()) {
+            return Ok(false);
+        }
+        spec.holder_identity = None;
+        spec.renew_time = Some(MicroTime(Timestamp::now()));
+        // A one-second duration tells readers that rely on times, too, that it is free.
+        spec.lease_duration_seconds = Some(1);
+        match self
+            .api
+            .replace(&self.name, &PostParams::default(), &current)
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn spec(&self, acquire_time: Option<MicroTime>, transitions: i32) -> LeaseSpec {
+        let now = MicroTime(Timestamp::now());
+        LeaseSpec {
+            holder_identity: Some(self.identity.clone()),
+            lease_duration_seconds: Some(
+                i32::try_from(self.duration.as_secs()).unwrap_or(i32::MAX),
+            ),
+            acquire_time: Some(acquire_time.unwrap_or_else(|| now.clone())),
+            renew_time: Some(now),
+            lease_transitions: Some(transitions),
+            ..LeaseSpec::default()
+        }
+    }
+
+    fn observe(&mut self, lease: &Lease, now: Instant) {
+        let version = lease.metadata.resource_version.clone().unwrap_or_default();
+        match &self.observed {
+            Some((seen, _)) if *seen == version => {}
+            _ => self.observed = Some((version, now)),
+        }
+    }
+
+    /// Expired: the record has not changed for its own duration, measured on
+    /// our clock since we first saw it.
+    fn expired(&self, spec: &LeaseSpec) -> bool {
+        let duration = spec
+            .lease_duration_seconds
+            .and_then(|s| u64::try_from(s).ok())
+            .map(Duration::from_secs)
+            .unwrap_or(self.duration);
+        self.observed
+            .as_ref()
+            .is_some_and(|(_, since)| since.elapsed() >= duration)
+    }
+}

@@ -1,0 +1,470 @@
+//! Carries out the decisions of `decide` against the apiserver (SPEC §4-§5).
+//!
+//! Every read that decides a write goes to the apiserver; every write is the
+//! one primitive of `apply`, preconditioned on the read that decided it.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use kube::Client;
+use kube::api::DynamicObject;
+
+use crate::apply::{self, Claim};
+use crate::decide::{
+    self, Clock, Decision, EventSpec, RecoveryPlan, SkipReason, may_delete_storage,
+    may_take_suspension, plan_recovery,
+};
+use crate::error::{Error, is_api_code};
+use crate::events::Events;
+use crate::names::reasons;
+use crate::release::{ReleaseView, helmreleases};
+use crate::storage::{self, StorageLocation, StorageRevision};
+use crate::timings::Timings;
+
+/// How one reconcile ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// The release no longer exists.
+    Gone,
+    /// Nothing to write.
+    NothingToDo,
+    /// Suspended (or suspended and deleted) by another manager: left alone.
+    LeftAlone,
+    /// Our suspension was given up, the fence with it unless a delete waits.
+    Lifted { kept_fence: bool },
+    /// Our fence was given up.
+    FenceDropped,
+    /// A delete waits for helm-controller's uninstall; look again after this.
+    FenceHeld { recheck: Duration },
+    /// Stuck, but the storage holds nothing we may reclaim.
+    Skipped(SkipReason),
+    /// The suspension could not be taken (someone else wrote first).
+    Deferred,
+    /// The release was deleted during the recovery: the Secret was kept.
+    AbortedForDelete { revision: u64 },
+    /// The revision was reclaimed and the release let go.
+    Recovered { revision: u64 },
+    /// `--dry-run`: what would have been written, reported, nothing written.
+    DryRun { would: String },
+    /// `--max-recoveries-per-minute` is used up: try again after this.
+    RateLimited { retry_after: Duration },
+}
+
+/// The operator's controls of what a reconcile may do.
+#[derive(Default)]
+pub struct Controls {
+    /// Decide and report, write nothing to releases or Secrets.
+    pub dry_run: bool,
+    /// At most this many recoveries start per minute.
+    pub rate_limit: Option<crate::ratelimit::RateLimiter>,
+}
+
+/// Points inside a recovery where a test can act (a delete, a foreign write).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// The release was read fresh; the unforced acquire comes next.
+    BeforeAcquire,
+    /// The unforced acquire conflicted and the release was read again; the
+    /// forced acquire comes next.
+    BeforeForcedAcquire,
+    /// The suspension and fence are held.
+    Acquired,
+    /// The annotation is written; the termination re-check comes next.
+    Annotated,
+    /// A lift of our suspension or fence is about to be sent.
+    BeforeLift,
+}
+
+/// Test-only switches: a pause at each [`Step`], and the fence turned off so
+/// that a test can show the orphaning the fence prevents.
+#[cfg(feature = "test-hooks")]
+#[derive(Default, Clone)]
+pub struct TestHooks {
+    pub unfenced: bool,
+    #[allow(clippy::type_complexity)]
+    pub pause: Option<
+        std::sync::Arc<dyn Fn(Step) -> futures::future::BoxFuture<'static, ()> + Send + Sync>,
+    >,
+}
+
+/// Everything a reconcile needs.
+pub struct Reconciler {
+    client: Client,
+    events: Events,
+    timings: Timings,
+    /// When we last warned that a release's delete is held, by uid: one
+    /// warning per release per re-check interval, however often it is woken.
+    fence_warnings: Mutex<HashMap<String, Instant>>,
+    controls: Controls,
+    #[cfg(feature = "test-hooks")]
+    pub hooks: TestHooks,
+}
+
+impl Reconciler {
+    pub fn new(client: Client, events: Events, timings: Timings) -> Self {
+        Self {
+            client,
+            events,
+            timings,
+            fence_warnings: Mutex::new(HashMap::new()),
+            controls: Controls::default(),
+            #[cfg(feature = "test-hooks")]
+            hooks: TestHooks::default(),
+        }
+    }
+
+    /// The same reconciler under the operator's controls.
+    pub fn with_controls(mut self, controls: Controls) -> Self {
+        self.controls = controls;
+        self
+    }
+
+    /// One pass over one release (SPEC §4, §5).
+    pub async fn reconcile(&self, namespace: &str, name: &str) -> Result<Outcome, Error> {
+        let Some(release) = self.read(namespace, name).await? else {
+            return Ok(Outcome::Gone);
+        };
+        match decide::decide(&release, &self.clock(&release)) {
+            Decision::InspectStorage => self.recover(release).await,
+            decision => self.carry_out(&release, decision).await,
+        }
+    }
+
+    /// Reads the release again and puts right whatever of ours it carries,
+    /// without ever starting a recovery: the undo after a failed step, and
+    /// the drain's handling of one release.
+    pub async fn settle(&self, namespace: &str, name: &str) -> Result<Outcome, Error> {
+        let Some(release) = self.read(namespace, name).await? else {
+            return Ok(Outcome::Gone);
+        };
+        let decision = decide::decide(&release, &self.clock(&release));
+        self.carry_out(&release, decision).await
+    }
+
+    async fn read(&self, namespace: &str, name: &str) -> Result<Option<ReleaseView>, Error> {
+        let object = helmreleases(self.client.clone(), namespace)
+            .get_opt(name)
+            .await
+            .map_err(|source| Error::ReadRelease {
+                key: format!("{namespace}/{name}"),
+                source,
+            })?;
+        Ok(object.map(|o| self.view(&o)))
+    }
+
+    fn view(&self, object: &DynamicObject) -> ReleaseView {
+        let release = ReleaseView::from_object(object);
+        if !release.malformed.is_empty() {
+            tracing::warn!(release = %release.key(), fields = ?release.malformed, "ignoring malformed fields of the HelmRelease");
+        }
+        release
+    }
+
+    fn clock(&self, release: &ReleaseView) -> Clock {
+        let since_last_fence_warning = self
+            .fence_warnings
+            .lock()
+            .expect("fence warning map poisoned")
+            .get(&release.uid)
+            .map(Instant::elapsed);
+        Clock {
+            terminating_for: release.terminating_for(k8s_openapi::jiff::Timestamp::now()),
+            since_last_fence_warning,
+            fence_recheck_interval: self.timings.fence_recheck_interval,
+            fence_held_warning_after: self.timings.fence_held_warning_after,
+        }
+    }
+
+    /// Carries out any decision but `InspectStorage`, which only `reconcile`
+    /// acts on (a settle never starts a recovery).
+    async fn carry_out(&self, release: &ReleaseView, decision: Decision) -> Result<Outcome, Error> {
+        if self.controls.dry_run
+            && let Some(would) = would_write(&decision)
+        {
+            if let Decision::DropFence { event: Some(event) } = &decision {
+                self.events.record(release, event).await;
+            }
+            tracing::info!(release = %release.key(), "dry run: would {would}");
+            return Ok(Outcome::DryRun { would });
+        }
+        match decision {
+            Decision::Nothing { event: None } | Decision::InspectStorage => {
+                Ok(Outcome::NothingToDo)
+            }
+            Decision::Nothing { event: Some(event) } => {
+                self.events.record(release, &event).await;
+                Ok(Outcome::LeftAlone)
+            }
+            Decision::Lift { keep_fence } => {
+                self.lift(release, keep_fence).await?;
+                Ok(Outcome::Lifted {
+                    kept_fence: keep_fence,
+                })
+            }
+            Decision::DropFence { event } => {
+                if let Some(event) = event {
+                    self.events.record(release, &event).await;
+                }
+                self.write(release, Claim::NOTHING)
+                    .await
+                    .map_err(|source| Error::Lift {
+                        key: release.key(),
+                        source,
+                    })?;
+                tracing::info!(release = %release.key(), "dropped the uninstall fence");
+                Ok(Outcome::FenceDropped)
+            }
+            Decision::HoldFence { recheck, event } => {
+                if let Some(event) = event {
+                    self.events.record(release, &event).await;
+                    self.fence_warnings
+                        .lock()
+                        .expect("fence warning map poisoned")
+                        .insert(release.uid.clone(), Instant::now());
+                }
+                tracing::debug!(release = %release.key(), "holding the uninstall fence until helm-controller has uninstalled");
+                Ok(Outcome::FenceHeld { recheck })
+            }
+        }
+    }
+
+    /// Gives up our suspension, and the fence unless `keep_fence`.
+    async fn lift(&self, release: &ReleaseView, keep_fence: bool) -> Result<(), Error> {
+        let claim = if keep_fence {
+            Claim::FENCE_ONLY
+        } else {
+            Claim::NOTHING
+        };
+        self.pause_at_step(Step::BeforeLift).await;
+        match self.write(release, claim).await {
+            Ok(_) => {
+                tracing::info!(release = %release.key(), kept_fence = keep_fence, "lifted flux-plunger's suspension");
+                Ok(())
+            }
+            Err(source) => {
+                // A 409 is a race: the retry reads again and decides anew.
+                if !is_api_code(&source, 409) {
+                    let event = EventSpec {
+                        warning: true,
+                        reason: reasons::UNSUSPEND_FAILED,
+                        action: "Unsuspend",
+                        note: format!(
+                            "flux-plunger holds a suspension of {} it could not lift: {source}; it will retry",
+                            release.key()
+                        ),
+                    };
+                    self.events.record(release, &event).await;
+                }
+                Err(Error::Lift {
+                    key: release.key(),
+                    source,
+                })
+            }
+        }
+    }
+
+    async fn write(&self, release: &ReleaseView, claim: Claim) -> kube::Result<ReleaseView> {
+        let object = apply::apply(&self.client, release, claim, false).await?;
+        Ok(self.view(&object))
+    }
+
+    /// SPEC §4 steps 6-13.
+    async fn recover(&self, release: ReleaseView) -> Result<Outcome, Error> {
+        let location = StorageLocation::of(&release);
+        let secrets = storage::list_storage(&self.client, &location)
+            .await
+            .map_err(|source| Error::ListStorage {
+                key: release.key(),
+                namespace: location.namespace.clone(),
+                source,
+            })?;
+        let (revisions, ignored) = storage::parse_revisions(&secrets, &location);
+        for secret in &ignored {
+            tracing::warn!(release = %release.key(), secret = %secret.name, why = %secret.why, "ignoring a Secret that is not a well-formed Helm storage revision");
+        }
+        let target = match plan_recovery(&release, &revisions) {
+            RecoveryPlan::Reclaim(target) => target,
+            RecoveryPlan::Skip(reason) => {
+                tracing::info!(release = %release.key(), ?reason, storage = ?location, "stuck, but nothing to reclaim");
+                return Ok(Outcome::Skipped(reason));
+            }
+        };
+
+        if self.controls.dry_run {
+            let would = format!(
+                "suspend {} with the uninstall fence, annotate revision {}, delete Helm storage Secret {}/{} (status {:?}), then lift the suspension and the fence",
+                release.key(),
+                target.revision,
+                target.namespace,
+                target.name,
+                target.status
+            );
+            let event = EventSpec {
+                warning: false,
+                reason: reasons::RECOVERY_DRY_RUN,
+                action: "Recover",
+                note: format!("dry run: flux-plunger would {would}"),
+            };
+            self.events.record(&release, &event).await;
+            return Ok(Outcome::DryRun { would });
+        }
+        if let Some(limiter) = &self.controls.rate_limit
+            && let Err(retry_after) = limiter.try_take()
+        {
+            tracing::info!(release = %release.key(), ?retry_after, "recovery rate limit reached; waiting");
+            return Ok(Outcome::RateLimited { retry_after });
+        }
+
+        let Some(held) = self.acquire(&release.namespace, &release.name).await? else {
+            let event = EventSpec {
+                warning: false,
+                reason: reasons::RECOVERY_DEFERRED,
+                action: "Suspend",
+                note: format!(
+                    "{} changed while flux-plunger was about to recover it (suspended, deleted or written meanwhile); recovery waits for its next change",
+                    release.key()
+                ),
+            };
+            self.events.record(&release, &event).await;
+            return Ok(Outcome::Deferred);
+        };
+        tracing::info!(release = %release.key(), revision = target.revision, secret = %target.name, "suspended with the uninstall fence to reclaim the newest storage revision");
+
+        match self.reclaim(held, &target).await {
+            Ok(outcome) => Ok(outcome),
+            Err(err) => {
+                // Step 9: an early exit never leaves our suspension behind.
+                if let Err(undo) = self.settle(&release.namespace, &release.name).await {
+                    tracing::warn!(release = %release.key(), error = %undo, "could not lift the suspension after a failed recovery step; the retry will");
+                }
+                Err(err)
+            }
+        }
+    }
+
+    /// SPEC §4.8: takes the suspension and the fence together, from a fresh
+    /// read; `None` when it is not ours to take.
+    async fn acquire(&self, namespace: &str, name: &str) -> Result<Option<ReleaseView>, Error> {
+        let claim = self.acquire_claim();
+        let Some(fresh) = self.read(namespace, name).await? else {
+            return Ok(None);
+        };
+        if !may_take_suspension(&fresh) {
+            return Ok(None);
+        }
+        let acquire_error = |source| Error::Acquire {
+            key: fresh.key(),
+            source,
+        };
+        self.pause_at_step(Step::BeforeAcquire).await;
+        match apply::apply(&self.client, &fresh, claim, false).await {
+            Ok(object) => return Ok(Some(self.view(&object))),
+            Err(err) if is_api_code(&err, 409) => {}
+            Err(err) => return Err(acquire_error(err)),
+        }
+        let Some(again) = self.read(namespace, name).await? else {
+            return Ok(None);
+        };
+        if !may_take_suspension(&again) {
+            return Ok(None);
+        }
+        self.pause_at_step(Step::BeforeForcedAcquire).await;
+        match apply::apply(&self.client, &again, claim, true).await {
+            Ok(object) => Ok(Some(self.view(&object))),
+            Err(err) if is_api_code(&err, 409) => Ok(None),
+            Err(err) => Err(acquire_error(err)),
+        }
+    }
+
+    /// SPEC §4 steps 10-13, holding the suspension.
+    async fn reclaim(&self, held: ReleaseView, target: &StorageRevision) -> Result<Outcome, Error> {
+        self.pause_at_step(Step::Acquired).await;
+        apply::annotate(&self.client, &held, target.revision)
+            .await
+            .map_err(|source| Error::Annotate {
+                key: held.key(),
+                source,
+            })?;
+        self.pause_at_step(Step::Annotated).await;
+
+        let recheck = self.read(&held.namespace, &held.name).await?;
+        if !may_delete_storage(recheck.as_ref()) {
+            tracing::info!(release = %held.key(), "deleted during recovery: keeping the storage revision, lifting the suspension");
+            if let Some(release) = recheck {
+                let decision = decide::decide(&release, &self.clock(&release));
+                self.carry_out(&release, decision).await?;
+            }
+            return Ok(Outcome::AbortedForDelete {
+                revision: target.revision,
+            });
+        }
+        let release = recheck.expect("may_delete_storage implies a release");
+
+        match storage::delete_revision(&self.client, target).await {
+            Ok(()) => {}
+            // Already gone: whoever deleted it did what we meant to.
+            Err(err) if is_api_code(&err, 404) => {}
+            Err(source) => {
+                return Err(Error::DeleteStorage {
+                    namespace: target.namespace.clone(),
+                    name: target.name.clone(),
+                    source,
+                });
+            }
+        }
+        tracing::info!(release = %release.key(), secret = %target.name, "deleted the newest storage revision");
+        self.lift(&release, false).await?;
+        let event = EventSpec {
+            warning: false,
+            reason: reasons::RECOVERED,
+            action: "Recover",
+            note: format!(
+                "reclaimed Helm storage revision {} ({}, status {:?}) of {}: helm-controller can upgrade again",
+                target.revision,
+                target.name,
+                target.status,
+                release.key()
+            ),
+        };
+        self.events.record(&release, &event).await;
+        Ok(Outcome::Recovered {
+            revision: target.revision,
+        })
+    }
+
+    fn acquire_claim(&self) -> Claim {
+        #[cfg(feature = "test-hooks")]
+        if self.hooks.unfenced {
+            return Claim {
+                suspend: true,
+                fence: false,
+            };
+        }
+        Claim::SUSPEND_AND_FENCE
+    }
+
+    #[cfg(feature = "test-hooks")]
+    async fn pause_at_step(&self, step: Step) {
+        if let Some(pause) = &self.hooks.pause {
+            pause(step).await;
+        }
+    }
+
+    #[cfg(not(feature = "test-hooks"))]
+    async fn pause_at_step(&self, _step: Step) {}
+}
+
+/// What a decision would write, for `--dry-run`; `None` for no write.
+fn would_write(decision: &Decision) -> Option<String> {
+    match decision {
+        Decision::Lift { keep_fence: true } => {
+            Some("lift flux-plunger's suspension and keep the fence".to_owned())
+        }
+        Decision::Lift { keep_fence: false } => {
+            Some("lift flux-plunger's suspension and the fence".to_owned())
+        }
+        Decision::DropFence { .. } => Some("remove the uninstall fence".to_owned()),
+        Decision::Nothing { .. } | Decision::HoldFence { .. } | Decision::InspectStorage => None,
+    }
+}

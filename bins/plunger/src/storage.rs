@@ -1,0 +1,340 @@
+//! Helm's release storage: where a release's Secrets are, which of them are
+//! well-formed revisions, and deleting one.
+//!
+//! Always read from the apiserver (a plain LIST is a consistent read), never a
+//! watch cache: a lagging cache would let the processed guard delete the
+//! revision below the one just reclaimed. flux-plunger does not watch Secrets.
+
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Api, DeleteParams, ListParams, Preconditions};
+use kube::{Client, ResourceExt};
+use sha2::{Digest, Sha256};
+
+use crate::names::{
+    HELM_STORAGE_NAME_LABEL, HELM_STORAGE_OWNER_LABEL, HELM_STORAGE_SECRET_TYPE,
+    HELM_STORAGE_STATUS_LABEL, HELM_STORAGE_VERSION_LABEL, storage_secret_name,
+};
+use crate::release::ReleaseView;
+
+/// Where helm-controller keeps a release's storage Secrets.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StorageLocation {
+    pub namespace: String,
+    pub release_name: String,
+}
+
+impl StorageLocation {
+    /// Where the storage of `release` is: as its status records it when it
+    /// does (that is where helm-controller actually put it), else where
+    /// helm-controller would put it from the spec.
+    pub fn of(release: &ReleaseView) -> Self {
+        let namespace = release
+            .status_storage_namespace
+            .clone()
+            .or_else(|| release.spec_storage_namespace.clone())
+            .unwrap_or_else(|| release.namespace.clone());
+        let release_name = release
+            .status_latest_history_name
+            .clone()
+            .unwrap_or_else(|| shorten_release_name(&default_release_name(release)));
+        Self {
+            namespace,
+            release_name,
+        }
+    }
+}
+
+/// helm-controller's `GetReleaseName`: `spec.releaseName`, else
+/// `[targetNamespace-]name`.
+pub fn default_release_name(release: &ReleaseView) -> String {
+    match (&release.spec_release_name, &release.spec_target_namespace) {
+        (Some(name), _) => name.clone(),
+        (None, Some(target)) => format!("{target}-{}", release.name),
+        (None, None) => release.name.clone(),
+    }
+}
+
+/// helm-controller's `ShortenName`: a name longer than 53 characters becomes
+/// its first 40 characters, a dash, and the first 12 hex digits of its
+/// SHA-256.
+pub fn shorten_release_name(name: &str) -> String {
+    const MAX_LENGTH: usize = 53;
+    const SHORT_HASH_LENGTH: usize = 12;
+    if name.len() <= MAX_LENGTH {
+        return name.to_owned();
+    }
+    let digest = Sha256::digest(name.as_bytes());
+    let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+    // Byte slicing as Go does; release names are DNS labels (ASCII).
+    let keep = MAX_LENGTH - (SHORT_HASH_LENGTH + 1);
+    let prefix: String = name.chars().take(keep).collect();
+    format!("{prefix}-{}", &hex[..SHORT_HASH_LENGTH])
+}
+
+/// One well-formed storage revision.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StorageRevision {
+    pub namespace: String,
+    pub name: String,
+    pub revision: u64,
+    /// Helm's release status (`deployed`, `failed`, `uninstalling`, …).
+    pub status: String,
+    pub uid: String,
+    pub resource_version: String,
+}
+
+/// A Secret that looked like storage but is not a revision we may touch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IgnoredSecret {
+    pub name: String,
+    pub why: String,
+}
+
+/// Sorts listed Secrets into well-formed revisions of `location` and the rest.
+/// Only a Secret whose type, labels and name all agree is a revision: a
+/// contradiction means something else wrote it, and we never delete it.
+pub fn parse_revisions(
+    secrets: &[Secret],
+    location: &StorageLocation,
+) -> (Vec<StorageRevision>, Vec<IgnoredSecret>) {
+    let mut revisions = Vec::new();
+    let mut ignored = Vec::new();
+    for secret in secrets {
+        let name = secret.name_any();
+        match parse_revision(secret, location) {
+            Ok(revision) => revisions.push(revision),
+            Err(why) => ignored.push(IgnoredSecret { name, why }),
+        }
+    }
+    revisions.sort_by_key(|r| r.revision);
+    (revisions, ignored)
+}
+
+fn parse_revision(secret: &Secret, location: &StorageLocation) -> Result<StorageRevision, String> {
+    let labels = secret.labels();
+    let label = |key: &str| labels.get(key).map(String::as_str);
+    if secret.type_.as_deref() != Some(HELM_STORAGE_SECRET_TYPE) {
+        return Err(format!(
+            "type is {:?}, not {HELM_STORAGE_SECRET_TYPE}",
+            secret.type_
+        ));
+    }
+    if label(HELM_STORAGE_OWNER_LABEL) != Some("helm") {
+        return Err("label owner is not helm".to_owned());
+    }
+    if label(HELM_STORAGE_NAME_LABEL) != Some(location.release_name.as_str()) {
+        return Err(format!("label name is not {}", location.release_name));
+    }
+    let version = label(HELM_STORAGE_VERSION_LABEL).ok_or("no version label")?;
+    let revision: u64 = version
+        .parse()
+        .ok()
+        .filter(|n| *n > 0)
+        .ok_or_else(|| format!("version label {version:?} is not a revision number"))?;
+    let name = secret.name_any();
+    let expected = storage_secret_name(&location.release_name, revision);
+    if name != expected {
+        return Err(format!(
+            "name does not match its labels (expected {expected})"
+        ));
+    }
+    Ok(StorageRevision {
+        namespace: location.namespace.clone(),
+        name,
+        revision,
+        status: label(HELM_STORAGE_STATUS_LABEL)
+            .unwrap_or_default()
+            .to_owned(),
+        uid: secret.uid().unwrap_or_default(),
+        resource_version: secret.resource_version().unwrap_or_default(),
+    })
+}
+
+/// Lists the storage Secrets of `location` from the apiserver.
+pub async fn list_storage(
+    client: &Client,
+    location: &StorageLocation,
+) -> kube::Result<Vec<Secret>> {
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &location.namespace);
+    let selector = format!(
+        "{HELM_STORAGE_OWNER_LABEL}=helm,{HELM_STORAGE_NAME_LABEL}={}",
+        location.release_name
+    );
+    Ok(secrets
+        .list(&ListParams::default().labels(&selector))
+        .await?
+        .items)
+}
+
+/// Deletes exactly the revision that was listed: the uid and resourceVersion
+/// preconditions refuse a Secret re-created or rewritten since.
+pub async fn delete_revision(client: &Client, revision: &StorageRevision) -> kube::Result<()> {
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &revision.namespace);
+    let params = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: Some(revision.uid.clone()),
+            resource_version: Some(revision.resource_version.clone()),
+        }),
+        ..DeleteParams::default()
+    };
+    secrets.delete(&revision.name, &params).await?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    use kube::api::ObjectMeta;
+
+    fn location() -> StorageLocation {
+        StorageLocation {
+            namespace: "apps".into(),
+            release_name: "web".into(),
+        }
+    }
+
+    fn secret(name: &str, type_: &str, labels: &[(&str, &str)]) -> Secret {
+        Secret {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                uid: Some(format!("uid-{name}")),
+                resource_version: Some("9".into()),
+                labels: Some(
+                    labels
+                        .iter()
+                        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                        .collect::<BTreeMap<_, _>>(),
+                ),
+                ..Default::default()
+            },
+            type_: Some(type_.into()),
+            ..Default::default()
+        }
+    }
+
+    fn good(n: u64, status: &str) -> Secret {
+        let version = n.to_string();
+        secret(
+            &format!("sh.helm.release.v1.web.v{n}"),
+            HELM_STORAGE_SECRET_TYPE,
+            &[
+                ("owner", "helm"),
+                ("name", "web"),
+                ("version", &version),
+                ("status", status),
+            ],
+        )
+    }
+
+    #[test]
+    fn well_formed_revisions_are_read_and_sorted() {
+        let (revisions, ignored) =
+            parse_revisions(&[good(5, "failed"), good(1, "superseded")], &location());
+        assert!(ignored.is_empty());
+        assert_eq!(
+            revisions.iter().map(|r| r.revision).collect::<Vec<_>>(),
+            vec![1, 5]
+        );
+        assert_eq!(revisions[1].status, "failed");
+        assert_eq!(revisions[1].uid, "uid-sh.helm.release.v1.web.v5");
+    }
+
+    #[test]
+    fn secrets_whose_type_labels_or_name_disagree_are_never_revisions() {
+        let odd = [
+            secret(
+                "sh.helm.release.v1.web.v2",
+                "Opaque",
+                &[("owner", "helm"), ("name", "web"), ("version", "2")],
+            ),
+            secret(
+                "sh.helm.release.v1.web.v3",
+                HELM_STORAGE_SECRET_TYPE,
+                &[("owner", "someone"), ("name", "web"), ("version", "3")],
+            ),
+            secret(
+                "sh.helm.release.v1.web.v4",
+                HELM_STORAGE_SECRET_TYPE,
+                &[("owner", "helm"), ("name", "other"), ("version", "4")],
+            ),
+            secret(
+                "sh.helm.release.v1.web.v5",
+                HELM_STORAGE_SECRET_TYPE,
+                &[("owner", "helm"), ("name", "web")],
+            ),
+            secret(
+                "sh.helm.release.v1.web.vx",
+                HELM_STORAGE_SECRET_TYPE,
+                &[("owner", "helm"), ("name", "web"), ("version", "x")],
+            ),
+            secret(
+                "sh.helm.release.v1.web.v0",
+                HELM_STORAGE_SECRET_TYPE,
+                &[("owner", "helm"), ("name", "web"), ("version", "0")],
+            ),
+            secret(
+                "sh.helm.release.v1.web.v-1",
+                HELM_STORAGE_SECRET_TYPE,
+                &[("owner", "helm"), ("name", "web"), ("version", "-1")],
+            ),
+            secret(
+                "sh.helm.release.v1.web.v7",
+                HELM_STORAGE_SECRET_TYPE,
+                &[("owner", "helm"), ("name", "web"), ("version", "8")],
+            ),
+            secret(
+                "my-own-secret",
+                HELM_STORAGE_SECRET_TYPE,
+                &[("owner", "helm"), ("name", "web"), ("version", "9")],
+            ),
+        ];
+        let (revisions, ignored) = parse_revisions(&odd, &location());
+        assert!(revisions.is_empty(), "{revisions:?}");
+        assert_eq!(ignored.len(), odd.len());
+    }
+
+    #[test]
+    fn the_release_name_follows_helm_controller() {
+        let mut release = ReleaseView {
+            name: "web".into(),
+            namespace: "apps".into(),
+            ..Default::default()
+        };
+        assert_eq!(StorageLocation::of(&release), location());
+        release.spec_target_namespace = Some("prod".into());
+        assert_eq!(default_release_name(&release), "prod-web");
+        release.spec_release_name = Some("custom".into());
+        assert_eq!(default_release_name(&release), "custom");
+        release.spec_storage_namespace = Some("store".into());
+        assert_eq!(StorageLocation::of(&release).namespace, "store");
+        // The status says where the release actually is, and wins.
+        release.status_storage_namespace = Some("actual".into());
+        release.status_latest_history_name = Some("recorded".into());
+        assert_eq!(
+            StorageLocation::of(&release),
+            StorageLocation {
+                namespace: "actual".into(),
+                release_name: "recorded".into()
+            }
+        );
+    }
+
+    #[test]
+    fn names_longer_than_53_characters_are_shortened_as_helm_controller_does() {
+        let exactly_53 = "a".repeat(53);
+        assert_eq!(shorten_release_name(&exactly_53), exactly_53);
+        // Expected values computed independently: name[:40] + "-" + sha256(name)[:12].
+        assert_eq!(
+            shorten_release_name(&"a".repeat(60)),
+            "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa-11ee391211c6"
+        );
+        let long = format!("flux-system-{}", "x".repeat(45));
+        assert_eq!(
+            shorten_release_name(&long),
+            "flux-system-xxxxxxxxxxxxxxxxxxxxxxxxxxxx-01a092fb7b16"
+        );
+        assert_eq!(shorten_release_name(&long).len(), 53);
+    }
+}

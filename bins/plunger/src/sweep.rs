@@ -1,0 +1,562 @@
+//! The pre-delete sweep (SPEC §8) and the operator's `list` / `release`.
+//!
+//! When the chart is removed nothing of flux-plunger may be left holding a
+//! release. The sweep stops flux-plunger, waits for its pods, then releases
+//! every fence with guarded JSON patches: `test` ops pin the resourceVersion
+//! and uid that were read, and each fence is removed at its index only after a
+//! `test` that the index still holds it. Never a server-side apply: on a
+//! release last written by a client-side `kubectl apply`, an apply moves that
+//! apply's fields to the applying manager and strips every field it leaves out.
+
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use kube::{Client, ResourceExt};
+use serde_json::{Value, json};
+
+use crate::drain::list_fenced;
+use crate::names::{FENCE_FINALIZER, PROCESSED_VERSION_ANNOTATION};
+use crate::release::{ReleaseView, helmreleases};
+
+/// The field manager of the sweep's patches (never `flux-plunger`, whose
+/// `Apply` entries mean "our suspension").
+pub const SWEEP_FIELD_MANAGER: &str = "flux-plunger-sweep";
+
+/// What releasing one HelmRelease takes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReleasePlan {
+    /// Lift `spec.suspend`: only where flux-plunger alone holds it.
+    pub lift_suspension: bool,
+    /// Indices of the fence in `metadata.finalizers` (it may appear twice).
+    pub fence_indices: Vec<usize>,
+    /// The release is being deleted and helm-controller has not uninstalled
+    /// it: letting it go now skips the uninstall.
+    pub without_uninstall: bool,
+}
+
+impl ReleasePlan {
+    pub fn of(release: &ReleaseView) -> Self {
+        Self {
+            lift_suspension: release.suspend && release.suspend_owned_by_us_alone(),
+            fence_indices: release.fence_indices(),
+            without_uninstall: release.terminating && !release.uninstall_reached(),
+        }
+    }
+
+    /// Nothing to write.
+    pub fn is_empty(&self) -> bool {
+        !self.lift_suspension && self.fence_indices.is_empty()
+    }
+
+    /// The guarded JSON patch carrying the plan out as one request.
+    pub fn json_patch(&self, release: &ReleaseView) -> Value {
+        let mut ops = vec![
+            json!({"op": "test", "path": "/metadata/resourceVersion", "value": release.resource_version}),
+            json!({"op": "test", "path": "/metadata/uid", "value": release.uid}),
+        ];
+        if self.lift_suspension {
+            ops.push(json!({"op": "test", "path": "/spec/suspend", "value": true}));
+            ops.push(json!({"op": "remove", "path": "/spec/suspend"}));
+        }
+        // Highest index first, so earlier indices stay valid.
+        for index in self.fence_indices.iter().rev() {
+            let path = format!("/metadata/finalizers/{index}");
+            ops.push(json!({"op": "test", "path": path, "value": FENCE_FINALIZER}));
+            ops.push(json!({"op": "remove", "path": path}));
+        }
+        Value::Array(ops)
+    }
+}
+
+/// Applies the plan for `release` as read; 422 (a failed `test`) or 409 mean
+/// the release changed since the read.
+pub async fn release_one(
+    client: &Client,
+    release: &ReleaseView,
+    plan: &ReleasePlan,
+) -> kube::Result<()> {
+    let patch: json_patch::Patch =
+        serde_json::from_value(plan.json_patch(release)).map_err(kube::Error::SerdeError)?;
+    let params = PatchParams {
+        field_manager: Some(SWEEP_FIELD_MANAGER.to_owned()),
+        ..PatchParams::default()
+    };
+    helmreleases(client.clone(), &release.namespace)
+        .patch(&release.name, &params, &Patch::<()>::Json(patch))
+        .await?;
+    Ok(())
+}
+
+/// How a suspension looks to an operator.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Suspension {
+    None,
+    /// flux-plunger alone holds it.
+    Ours,
+    /// flux-plunger holds it together with another manager.
+    Shared,
+    /// Another manager's.
+    Foreign,
+    /// Another manager's, on a release flux-plunger recovered before: most
+    /// likely left by an older flux-plunger mid-recovery.
+    LeftBehind,
+}
+
+impl Suspension {
+    pub fn of(release: &ReleaseView) -> Self {
+        if !release.suspend {
+            Suspension::None
+        } else if release.suspend_owned_by_us_alone() {
+            Suspension::Ours
+        } else if release.suspend_owned_by_us() {
+            Suspension::Shared
+        } else if release
+            .annotations
+            .contains_key(PROCESSED_VERSION_ANNOTATION)
+        {
+            Suspension::LeftBehind
+        } else {
+            Suspension::Foreign
+        }
+    }
+}
+
+/// One row of `list`.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Row {
+    pub namespace: String,
+    pub name: String,
+    pub fences: usize,
+    pub suspension: Suspension,
+    pub terminating: bool,
+    pub uninstall_reached: bool,
+}
+
+/// Whether `list` shows a release: it carries the fence, a suspension
+/// involving flux-plunger, or one an older flux-plunger probably left.
+pub fn row_of(release: &ReleaseView) -> Option<Row> {
+    let suspension = Suspension::of(release);
+    let fences = release.fence_indices().len();
+    let shown = fences > 0
+        || matches!(
+            suspension,
+            Suspension::Ours | Suspension::Shared | Suspension::LeftBehind
+        );
+    shown.then(|| Row {
+        namespace: release.namespace.clone(),
+        name: release.name.clone(),
+        fences,
+        suspension,
+        terminating: release.terminating,
+        uninstall_reached: release.uninstall_reached(),
+    })
+}
+
+/// Every HelmRelease `list` shows.
+pub async fn list_rows(client: &Client) -> kube::Result<Vec<Row>> {
+    let api = crate::release::all_helmreleases(client.clone());
+    let mut rows = Vec::new();
+    let mut params = ListParams::default().limit(500);
+    loop {
+        let page = api.list(&params).await?;
+        rows.extend(
+            page.items
+                .iter()
+                .map(ReleaseView::from_object)
+                .filter_map(|r| row_of(&r)),
+        );
+        match page.metadata.continue_ {
+            Some(token) if !token.is_empty() => params = params.continue_token(&token),
+            _ => break,
+        }
+    }
+    rows.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+    Ok(rows)
+}
+
+/// Configuration of the pre-delete hook.
+#[derive(Debug, Clone)]
+pub struct HookConfig {
+    pub namespace: String,
+    pub deployment: String,
+    pub pod_selector: String,
+    pub lease: String,
+    /// Retries of every step end here (the hook's retry window).
+    pub retry_window: Duration,
+    /// How long to wait for the pods after scaling down.
+    pub pod_wait: Duration,
+}
+
+/// How the hook ended.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HookReport {
+    pub lines: Vec<String>,
+    pub fenced: usize,
+    pub released: usize,
+    pub without_uninstall: usize,
+    pub success: bool,
+}
+
+impl HookReport {
+    fn say(&mut self, line: String) {
+        tracing::info!("{line}");
+        self.lines.push(line);
+    }
+}
+
+/// Retries `op` with backoff until it succeeds or `deadline` passes.
+async fn retry<T, F, Fut>(deadline: Instant, what: &str, mut op: F) -> kube::Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = kube::Result<T>>,
+{
+    let mut delay = Duration::from_millis(500);
+    loop {
+        match op().await {
+            Ok(value) => return Ok(value),
+            Err(err) => {
+                if Instant::now() + delay >= deadline {
+                    return Err(err);
+                }
+                tracing::warn!(error = %err, retry_in = ?delay, "{what} failed; retrying");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(10));
+            }
+        }
+    }
+}
+
+/// SPEC §8: the pre-delete hook.
+pub async fn run_hook(client: &Client, config: &HookConfig) -> HookReport {
+    let started = Instant::now();
+    let window_end = started + config.retry_window;
+    let mut report = HookReport::default();
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &config.namespace);
+    let target = format!("{}/{}", config.namespace, config.deployment);
+
+    // 1. Stop flux-plunger.
+    let deployment = match retry(window_end, "reading the Deployment", || {
+        deployments.get_opt(&config.deployment)
+    })
+    .await
+    {
+        Ok(found) => found,
+        Err(err) => {
+            report.say(format!(
+                "could not read Deployment {target}: {err}; no fence was touched"
+            ));
+            return report;
+        }
+    };
+    if deployment.is_none() {
+        report.say(format!("no Deployment {target}: nothing to stop"));
+    } else {
+        let scale = Patch::Merge(json!({"spec": {"replicas": 0}}));
+        let params = PatchParams {
+            field_manager: Some(SWEEP_FIELD_MANAGER.to_owned()),
+            ..PatchParams::default()
+        };
+        match retry(window_end, "scaling the Deployment to 0", || {
+            deployments.patch_scale(&config.deployment, &params, &scale)
+        })
+        .await
+        {
+            Ok(_) => report.say(format!("scaled Deployment {target} to 0")),
+            Err(err) => {
+                report.say(format!(
+                    "could not scale Deployment {target} to 0: {err}; no fence was touched"
+                ));
+                return report;
+            }
+        }
+    }
+
+    // 2. Wait for its pods, at most the pod wait and never past the window.
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &config.namespace);
+    let wait_end = (Instant::now() + config.pod_wait).min(window_end);
+    let mut remaining = Vec::new();
+    loop {
+        match pods
+            .list(&ListParams::default().labels(&config.pod_selector))
+            .await
+        {
+            Ok(list) => remaining = list.items.iter().map(|p| p.name_any()).collect(),
+            Err(err) => tracing::warn!(error = %err, "listing flux-plunger pods failed; retrying"),
+        }
+        if remaining.is_empty() || Instant::now() >= wait_end {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let pod_may_run = !remaining.is_empty();
+    for pod in &remaining {
+        report.say(format!(
+            "pod {}/{pod} is still there after the wait (stuck Terminating on a NotReady node?): going on; it may still set fences",
+            config.namespace
+        ));
+    }
+
+    // 3. Release every fence.
+    let fenced = match retry(window_end, "listing fenced HelmReleases", || {
+        list_fenced(client)
+    })
+    .await
+    {
+        Ok(fenced) => fenced,
+        Err(err) => {
+            report.say(format!(
+                "could not list HelmReleases: {err}; no fence was touched"
+            ));
+            return report;
+        }
+    };
+    report.fenced = fenced.len();
+    for release in fenced {
+        match release_with_retry(client, release, window_end).await {
+            Ok(Released {
+                key,
+                without_uninstall: false,
+            }) => {
+                report.released += 1;
+                report.say(format!("released {key}"));
+            }
+            Ok(Released {
+                key,
+                without_uninstall: true,
+            }) => {
+                report.released += 1;
+                report.without_uninstall += 1;
+                report.say(format!(
+                    "released {key} WITHOUT an uninstall: it was being deleted and helm-controller had not uninstalled it; its resources may be left"
+                ));
+            }
+            Err((key, err)) => report.say(format!("NOT released {key}: {err}")),
+        }
+    }
+
+    // 4. The summary.
+    report.say(format!(
+        "released {} of {} fenced HelmReleases, {} without an uninstall",
+        report.released, report.fenced, report.without_uninstall
+    ));
+
+    // 5. A pod that may still run may have set fences meanwhile.
+    let mut fences_after = false;
+    if pod_may_run {
+        match list_fenced(client).await {
+            Ok(again) if again.is_empty() => {}
+            Ok(again) => {
+                fences_after = true;
+                let names: Vec<String> = again.iter().map(ReleaseView::key).collect();
+                report.say(format!(
+                    "fences found after the sweep while a flux-plunger pod may still run: {}",
+                    names.join(", ")
+                ));
+            }
+            Err(err) => {
+                fences_after = true;
+                report.say(format!(
+                    "could not list again while a flux-plunger pod may still run: {err}"
+                ));
+            }
+        }
+    } else {
+        // Beyond the original: no flux-plunger is left, so its Lease goes too.
+        let leases: Api<Lease> = Api::namespaced(client.clone(), &config.namespace);
+        match leases.delete(&config.lease, &DeleteParams::default()).await {
+            Ok(_) => report.say(format!(
+                "removed the leader Lease {}/{}",
+                config.namespace, config.lease
+            )),
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(err) => {
+                tracing::warn!(error = %err, "could not remove the leader Lease; it is inert")
+            }
+        }
+    }
+
+    // 6. Success only if every fence was released.
+    report.success = report.released == report.fenced && !fences_after;
+    report
+}
+
+/// A release let go of.
+pub struct Released {
+    pub key: String,
+    pub without_uninstall: bool,
+}
+
+/// Releases one HelmRelease, reading it again after a conflict, until the
+/// window ends.
+pub async fn release_with_retry(
+    client: &Client,
+    mut release: ReleaseView,
+    deadline: Instant,
+) -> Result<Released, (String, kube::Error)> {
+    let key = release.key();
+    let api = helmreleases(client.clone(), &release.namespace);
+    let mut delay = Duration::from_millis(250);
+    loop {
+        let plan = ReleasePlan::of(&release);
+        if plan.fence_indices.is_empty() {
+            return Ok(Released {
+                key,
+                without_uninstall: false,
+            });
+        }
+        let err = match release_one(client, &release, &plan).await {
+            Ok(()) => {
+                return Ok(Released {
+                    key,
+                    without_uninstall: plan.without_uninstall,
+                });
+            }
+            Err(err) => err,
+        };
+        if Instant::now() + delay >= deadline {
+            return Err((key, err));
+        }
+        tracing::warn!(release = %key, error = %err, "releasing failed; reading again");
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(Duration::from_secs(5));
+        match api.get_opt(&release.name).await {
+            Ok(Some(object)) => release = ReleaseView::from_object(&object),
+            Ok(None) => {
+                return Ok(Released {
+                    key,
+                    without_uninstall: false,
+                });
+            }
+            Err(read) => tracing::warn!(release = %key, error = %read, "reading again failed"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{FieldsV1, ManagedFieldsEntry};
+
+    fn entry(manager: &str, operation: &str) -> ManagedFieldsEntry {
+        ManagedFieldsEntry {
+            manager: Some(manager.into()),
+            operation: Some(operation.into()),
+            fields_v1: Some(FieldsV1(json!({"f:spec": {"f:suspend": {}}}))),
+            ..Default::default()
+        }
+    }
+
+    fn release(suspend_owners: &[(&str, &str)], finalizers: &[&str]) -> ReleaseView {
+        ReleaseView {
+            namespace: "apps".into(),
+            name: "web".into(),
+            uid: "u".into(),
+            resource_version: "7".into(),
+            suspend: !suspend_owners.is_empty(),
+            managed_fields: suspend_owners.iter().map(|(m, o)| entry(m, o)).collect(),
+            finalizers: finalizers.iter().map(|f| (*f).to_owned()).collect(),
+            generation: Some(2),
+            observed_generation: Some(2),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn only_a_suspension_flux_plunger_alone_holds_is_lifted() {
+        assert!(
+            ReleasePlan::of(&release(&[("flux-plunger", "Apply")], &[FENCE_FINALIZER]))
+                .lift_suspension
+        );
+        assert!(
+            !ReleasePlan::of(&release(
+                &[("flux-plunger", "Apply"), ("migration", "Apply")],
+                &[FENCE_FINALIZER]
+            ))
+            .lift_suspension
+        );
+        assert!(
+            !ReleasePlan::of(&release(&[("flux-plunger", "Update")], &[FENCE_FINALIZER]))
+                .lift_suspension
+        );
+        assert!(
+            !ReleasePlan::of(&release(&[("velero", "Update")], &[FENCE_FINALIZER])).lift_suspension
+        );
+    }
+
+    #[test]
+    fn the_patch_pins_the_read_and_removes_every_fence_from_the_highest_index() {
+        let r = release(
+            &[("flux-plunger", "Apply")],
+            &[FENCE_FINALIZER, "finalizers.fluxcd.io", FENCE_FINALIZER],
+        );
+        let plan = ReleasePlan::of(&r);
+        assert_eq!(plan.fence_indices, vec![0, 2]);
+        assert_eq!(
+            plan.json_patch(&r),
+            json!([
+                {"op": "test", "path": "/metadata/resourceVersion", "value": "7"},
+                {"op": "test", "path": "/metadata/uid", "value": "u"},
+                {"op": "test", "path": "/spec/suspend", "value": true},
+                {"op": "remove", "path": "/spec/suspend"},
+                {"op": "test", "path": "/metadata/finalizers/2", "value": FENCE_FINALIZER},
+                {"op": "remove", "path": "/metadata/finalizers/2"},
+                {"op": "test", "path": "/metadata/finalizers/0", "value": FENCE_FINALIZER},
+                {"op": "remove", "path": "/metadata/finalizers/0"},
+            ])
+        );
+    }
+
+    #[test]
+    fn letting_go_of_a_deleted_release_before_its_uninstall_is_flagged() {
+        let mut r = release(&[], &[FENCE_FINALIZER, "finalizers.fluxcd.io"]);
+        r.terminating = true;
+        assert!(ReleasePlan::of(&r).without_uninstall);
+        r.finalizers = vec![FENCE_FINALIZER.into()];
+        assert!(
+            !ReleasePlan::of(&r).without_uninstall,
+            "helm-controller has finished"
+        );
+        r.observed_generation = Some(1);
+        assert!(
+            ReleasePlan::of(&r).without_uninstall,
+            "not yet observed the last generation"
+        );
+        r.terminating = false;
+        assert!(
+            !ReleasePlan::of(&r).without_uninstall,
+            "a live release loses nothing"
+        );
+    }
+
+    #[test]
+    fn list_shows_fences_our_suspensions_and_suspensions_left_behind() {
+        assert_eq!(row_of(&release(&[], &[])), None);
+        assert_eq!(row_of(&release(&[("velero", "Update")], &[])), None);
+        assert_eq!(
+            row_of(&release(&[], &[FENCE_FINALIZER]))
+                .unwrap()
+                .suspension,
+            Suspension::None
+        );
+        assert_eq!(
+            row_of(&release(&[("flux-plunger", "Apply")], &[]))
+                .unwrap()
+                .suspension,
+            Suspension::Ours
+        );
+        assert_eq!(
+            row_of(&release(&[("flux-plunger", "Apply"), ("m", "Apply")], &[]))
+                .unwrap()
+                .suspension,
+            Suspension::Shared
+        );
+        let mut left = release(&[("flux-client-side-apply", "Update")], &[]);
+        left.annotations
+            .insert(PROCESSED_VERSION_ANNOTATION.into(), "3".into());
+        assert_eq!(row_of(&left).unwrap().suspension, Suspension::LeftBehind);
+    }
+}

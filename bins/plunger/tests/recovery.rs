@@ -1,0 +1,1281 @@
+//! The controller's recovery against a real apiserver and the simulated
+//! helm-controller (SPEC §3-§5), one claim per test.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use anyhow::Result;
+use futures::FutureExt;
+use kube::Client;
+use kube::api::{DeleteParams, DynamicObject, Patch, PatchParams};
+use plunger::decide::SkipReason;
+use plunger::events::Events;
+use plunger::names::{
+    FENCE_FINALIZER, FIELD_MANAGER, HELMRELEASE_API_VERSION, HELMRELEASE_KIND,
+    PROCESSED_VERSION_ANNOTATION,
+};
+use plunger::reconcile::{Outcome, Reconciler, Step, TestHooks};
+use plunger::release::ReleaseView;
+use plunger::timings::Timings;
+use serde_json::{Value, json};
+use testkit::{Handled, SimulatedHelmController, TestNamespace, control_plane};
+
+struct World {
+    ns: TestNamespace,
+    client: Client,
+    hc: SimulatedHelmController,
+}
+
+async fn world(prefix: &str) -> Result<World> {
+    let client = control_plane().client().await?;
+    let ns = TestNamespace::create(&client, prefix).await?;
+    let hc = SimulatedHelmController::new(client.clone(), &ns.name);
+    Ok(World { ns, client, hc })
+}
+
+impl World {
+    fn reconciler(&self) -> Reconciler {
+        Reconciler::new(
+            self.client.clone(),
+            Events::new(self.client.clone(), "flux-plunger", None),
+            Timings::default(),
+        )
+    }
+
+    /// A reconciler that runs `action` once, the first time it reaches `at`.
+    fn reconciler_pausing<F>(&self, at: Step, action: F) -> Reconciler
+    where
+        F: Fn() -> futures::future::BoxFuture<'static, ()> + Send + Sync + 'static,
+    {
+        let mut reconciler = self.reconciler();
+        let done = Arc::new(AtomicBool::new(false));
+        reconciler.hooks = TestHooks {
+            unfenced: false,
+            pause: Some(Arc::new(move |step| {
+                if step == at && !done.swap(true, Ordering::SeqCst) {
+                    action()
+                } else {
+                    async {}.boxed()
+                }
+            })),
+        };
+        reconciler
+    }
+
+    /// A release as helm-controller keeps it: installed, with its finalizer,
+    /// stuck, with storage revisions of the given statuses.
+    async fn stuck_release(&self, name: &str, revisions: &[(u64, &str)]) -> Result<DynamicObject> {
+        self.ns.create_release(name, json!({})).await?;
+        self.hc.install(name).await?;
+        assert_eq!(self.hc.handle(name).await?, Handled::AddedFinalizer);
+        for (revision, status) in revisions {
+            self.ns
+                .create_storage_secret(name, *revision, status)
+                .await?;
+        }
+        self.ns.mark_stuck(name).await
+    }
+
+    async fn get(&self, name: &str) -> Result<Option<DynamicObject>> {
+        Ok(self.ns.releases().get_opt(name).await?)
+    }
+
+    async fn view(&self, name: &str) -> Result<ReleaseView> {
+        Ok(ReleaseView::from_object(
+            &self.ns.releases().get(name).await?,
+        ))
+    }
+
+    async fn revisions(&self) -> Result<Vec<String>> {
+        let mut names: Vec<String> = self
+            .ns
+            .secrets()
+            .list(&Default::default())
+            .await?
+            .items
+            .into_iter()
+            .filter_map(|s| s.metadata.name)
+            .collect();
+        names.sort();
+        Ok(names)
+    }
+
+    async fn delete(&self, name: &str) -> Result<()> {
+        self.ns
+            .releases()
+            .delete(name, &DeleteParams::default())
+            .await?;
+        Ok(())
+    }
+
+    /// Applies `spec.suspend` as another manager.
+    async fn suspend_as(&self, name: &str, manager: &str, value: bool) -> Result<DynamicObject> {
+        let body = json!({"apiVersion": HELMRELEASE_API_VERSION, "kind": HELMRELEASE_KIND,
+            "metadata": {"name": name}, "spec": {"suspend": value}});
+        Ok(self
+            .ns
+            .releases()
+            .patch(
+                name,
+                &PatchParams::apply(manager).force(),
+                &Patch::Apply(body),
+            )
+            .await?)
+    }
+
+    /// Sets `spec.suspend` as an Update by `manager` (kubectl patch, flux, a backup controller).
+    async fn update_suspend_as(
+        &self,
+        name: &str,
+        manager: &str,
+        value: bool,
+    ) -> Result<DynamicObject> {
+        let params = PatchParams {
+            field_manager: Some(manager.into()),
+            ..Default::default()
+        };
+        Ok(self
+            .ns
+            .releases()
+            .patch(
+                name,
+                &params,
+                &Patch::Merge(json!({"spec": {"suspend": value}})),
+            )
+            .await?)
+    }
+
+    /// Puts our suspension and fence on the release, as a run that crashed mid-recovery left them.
+    async fn leave_our_suspension(&self, name: &str) -> Result<DynamicObject> {
+        let body = json!({"apiVersion": HELMRELEASE_API_VERSION, "kind": HELMRELEASE_KIND,
+            "metadata": {"name": name, "finalizers": [FENCE_FINALIZER]}, "spec": {"suspend": true}});
+        Ok(self
+            .ns
+            .releases()
+            .patch(
+                name,
+                &PatchParams::apply(FIELD_MANAGER),
+                &Patch::Apply(body),
+            )
+            .await?)
+    }
+}
+
+/// Whether any managedFields entry of ours still owns suspend or a finalizer.
+fn we_own_anything(object: &DynamicObject) -> bool {
+    object.metadata.managed_fields.iter().flatten().any(|e| {
+        e.manager.as_deref() == Some(FIELD_MANAGER)
+            && e.fields_v1.as_ref().is_some_and(|f| {
+                f.0.pointer("/f:spec/f:suspend").is_some()
+                    || f.0.pointer("/f:metadata/f:finalizers").is_some()
+            })
+    })
+}
+
+fn spec_without_suspend(object: &DynamicObject) -> Value {
+    let mut spec = object.data["spec"].clone();
+    spec.as_object_mut().unwrap().remove("suspend");
+    spec
+}
+
+fn assert_let_go(object: &DynamicObject) {
+    let view = ReleaseView::from_object(object);
+    assert!(!view.suspend, "still suspended: {:?}", object.data["spec"]);
+    assert!(!view.has_fence(), "fence left: {:?}", view.finalizers);
+    assert!(
+        !we_own_anything(object),
+        "{:?}",
+        object.metadata.managed_fields
+    );
+}
+
+// 1.
+#[tokio::test]
+async fn a_stuck_release_loses_exactly_its_newest_revision_and_nothing_else() -> Result<()> {
+    let w = world("recover").await?;
+    let before = w
+        .stuck_release(
+            "web",
+            &[(1, "superseded"), (2, "superseded"), (5, "uninstalling")],
+        )
+        .await?;
+
+    let outcome = w.reconciler().reconcile(&w.ns.name, "web").await?;
+
+    assert_eq!(outcome, Outcome::Recovered { revision: 5 });
+    assert_eq!(
+        w.revisions().await?,
+        vec!["sh.helm.release.v1.web.v1", "sh.helm.release.v1.web.v2"]
+    );
+    let after = w.get("web").await?.unwrap();
+    assert_let_go(&after);
+    assert_eq!(
+        after.metadata.annotations.as_ref().unwrap()[PROCESSED_VERSION_ANNOTATION],
+        "5"
+    );
+    assert_eq!(after.data["spec"].get("suspend"), None);
+    assert_eq!(
+        spec_without_suspend(&after),
+        before.data["spec"],
+        "every other field untouched"
+    );
+    assert_eq!(after.metadata.finalizers, before.metadata.finalizers);
+    let events = w.ns.events_for("web").await?;
+    assert!(
+        events
+            .iter()
+            .any(|e| e.reason == "Recovered" && e.type_ == "Normal"),
+        "{events:?}"
+    );
+    Ok(())
+}
+
+// 2.
+#[tokio::test]
+async fn a_release_that_is_not_stuck_or_has_no_storage_is_not_written() -> Result<()> {
+    let w = world("no-write").await?;
+    w.ns.create_release("healthy", json!({})).await?;
+    w.ns.create_storage_secret("healthy", 1, "deployed").await?;
+    w.ns.set_ready(
+        "healthy",
+        "True",
+        "InstallSucceeded",
+        "Helm install succeeded",
+    )
+    .await?;
+    let empty = w.stuck_release("empty", &[]).await?;
+    let healthy = w.get("healthy").await?.unwrap();
+
+    let r = w.reconciler();
+    assert_eq!(
+        r.reconcile(&w.ns.name, "healthy").await?,
+        Outcome::NothingToDo
+    );
+    assert_eq!(
+        r.reconcile(&w.ns.name, "empty").await?,
+        Outcome::Skipped(SkipReason::NoRevisions)
+    );
+
+    for before in [healthy, empty] {
+        let after = w
+            .get(&before.metadata.name.clone().unwrap())
+            .await?
+            .unwrap();
+        assert_eq!(
+            after.metadata.resource_version,
+            before.metadata.resource_version
+        );
+        assert!(
+            !after
+                .metadata
+                .managed_fields
+                .iter()
+                .flatten()
+                .any(|e| e.manager.as_deref() == Some(FIELD_MANAGER))
+        );
+    }
+    assert_eq!(w.revisions().await?, vec!["sh.helm.release.v1.healthy.v1"]);
+    Ok(())
+}
+
+// 3.
+#[tokio::test]
+async fn the_processed_guard_skips_only_the_revision_below_the_one_reclaimed() -> Result<()> {
+    let w = world("guard").await?;
+    let r = w.reconciler();
+    for (name, annotation, expect_recovery) in [
+        ("below", "5", false),
+        ("same", "4", true),
+        ("far", "9", true),
+        ("garbage", "not-a-number", true),
+        ("empty", "", true),
+    ] {
+        w.stuck_release(name, &[(3, "superseded"), (4, "uninstalling")])
+            .await?;
+        w.ns.releases()
+            .patch(name, &PatchParams::default(), &Patch::Merge(json!({"metadata": {"annotations": {PROCESSED_VERSION_ANNOTATION: annotation}}})))
+            .await?;
+        let outcome = r.reconcile(&w.ns.name, name).await?;
+        if expect_recovery {
+            assert_eq!(outcome, Outcome::Recovered { revision: 4 }, "{name}");
+        } else {
+            assert_eq!(
+                outcome,
+                Outcome::Skipped(SkipReason::AlreadyProcessed {
+                    latest: 4,
+                    processed: 5
+                }),
+                "{name}"
+            );
+            let after = w.get(name).await?.unwrap();
+            assert!(!we_own_anything(&after));
+        }
+    }
+    let left: Vec<String> = w.revisions().await?;
+    assert!(
+        left.contains(&"sh.helm.release.v1.below.v4".to_owned()),
+        "{left:?}"
+    );
+    assert!(
+        !left.contains(&"sh.helm.release.v1.far.v4".to_owned()),
+        "{left:?}"
+    );
+    Ok(())
+}
+
+// 4a.
+#[tokio::test]
+async fn a_refused_annotation_lifts_the_suspension_keeps_the_secret_and_is_retried() -> Result<()> {
+    let w = world("fail-annotate").await?;
+    w.stuck_release("web", &[(1, "uninstalling")]).await?;
+    let refusal = w
+        .ns
+        .refuse(
+            "no-annotation",
+            json!({"apiGroups": ["helm.toolkit.fluxcd.io"], "apiVersions": ["*"], "operations": ["UPDATE"], "resources": ["helmreleases"]}),
+            "!has(object.metadata.annotations) || !('flux-plunger.cozystack.io/last-processed-version' in object.metadata.annotations)",
+            "test: the processed-revision annotation is refused",
+        )
+        .await?;
+    // Wait until the policy is in force (its informer syncs asynchronously).
+    let probe = json!({"metadata": {"annotations": {PROCESSED_VERSION_ANNOTATION: "0"}}});
+    testkit::eventually(
+        Duration::from_secs(30),
+        "the admission policy refuses the annotation",
+        || {
+            let releases = w.ns.releases();
+            let probe = probe.clone();
+            async move {
+                let params = PatchParams {
+                    dry_run: true,
+                    ..Default::default()
+                };
+                Ok(releases
+                    .patch("web", &params, &Patch::Merge(probe))
+                    .await
+                    .is_err())
+            }
+        },
+    )
+    .await?;
+
+    let err = w
+        .reconciler()
+        .reconcile(&w.ns.name, "web")
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), "annotate", "{err}");
+    assert_let_go(&w.get("web").await?.unwrap());
+    assert_eq!(w.revisions().await?, vec!["sh.helm.release.v1.web.v1"]);
+
+    refusal.lift().await?;
+    testkit::eventually(
+        Duration::from_secs(30),
+        "the retry recovers the release",
+        || async {
+            Ok(matches!(
+                w.reconciler().reconcile(&w.ns.name, "web").await,
+                Ok(Outcome::Recovered { revision: 1 })
+            ))
+        },
+    )
+    .await?;
+    assert!(w.revisions().await?.is_empty());
+    assert_let_go(&w.get("web").await?.unwrap());
+    Ok(())
+}
+
+// 4b.
+#[tokio::test]
+async fn a_refused_secret_delete_lifts_the_suspension_keeps_the_secret_and_is_retried() -> Result<()>
+{
+    let w = world("fail-delete").await?;
+    w.stuck_release("web", &[(1, "uninstalling")]).await?;
+    w.ns.create_storage_secret("probe", 1, "failed").await?;
+    let refusal = w
+        .ns
+        .refuse(
+            "no-secret-delete",
+            json!({"apiGroups": [""], "apiVersions": ["v1"], "operations": ["DELETE"], "resources": ["secrets"]}),
+            "false",
+            "test: deleting Secrets is refused",
+        )
+        .await?;
+    testkit::eventually(
+        Duration::from_secs(30),
+        "the admission policy refuses Secret deletes",
+        || {
+            let secrets = w.ns.secrets();
+            async move {
+                let params = DeleteParams {
+                    dry_run: true,
+                    ..Default::default()
+                };
+                Ok(secrets
+                    .delete("sh.helm.release.v1.probe.v1", &params)
+                    .await
+                    .is_err())
+            }
+        },
+    )
+    .await?;
+
+    let err = w
+        .reconciler()
+        .reconcile(&w.ns.name, "web")
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), "delete_storage", "{err}");
+    let after = w.get("web").await?.unwrap();
+    assert_let_go(&after);
+    assert!(
+        w.revisions()
+            .await?
+            .contains(&"sh.helm.release.v1.web.v1".to_owned())
+    );
+    // The annotation is written before anything is deleted (step 10).
+    assert_eq!(
+        after.metadata.annotations.as_ref().unwrap()[PROCESSED_VERSION_ANNOTATION],
+        "1"
+    );
+
+    refusal.lift().await?;
+    testkit::eventually(
+        Duration::from_secs(30),
+        "the retry recovers the release",
+        || async {
+            Ok(matches!(
+                w.reconciler().reconcile(&w.ns.name, "web").await,
+                Ok(Outcome::Recovered { revision: 1 })
+            ))
+        },
+    )
+    .await?;
+    assert!(
+        !w.revisions()
+            .await?
+            .contains(&"sh.helm.release.v1.web.v1".to_owned())
+    );
+    Ok(())
+}
+
+// 5.
+#[tokio::test]
+async fn a_suspension_set_by_anyone_else_is_never_lifted() -> Result<()> {
+    let w = world("foreign").await?;
+    let r = w.reconciler();
+    w.stuck_release("patched", &[(1, "uninstalling")]).await?;
+    w.update_suspend_as("patched", "kubectl-patch", true)
+        .await?;
+    w.stuck_release("shared-manager", &[(1, "uninstalling")])
+        .await?;
+    w.suspend_as("shared-manager", "flux-client-side-apply", true)
+        .await?;
+    w.stuck_release("applier", &[(1, "uninstalling")]).await?;
+    w.suspend_as("applier", "platform-migration", true).await?;
+    w.stuck_release("recovered-before", &[(1, "uninstalling")])
+        .await?;
+    w.ns.releases()
+        .patch(
+            "recovered-before",
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"metadata": {"annotations": {PROCESSED_VERSION_ANNOTATION: "3"}}}),
+            ),
+        )
+        .await?;
+    w.update_suspend_as("recovered-before", "flux-client-side-apply", true)
+        .await?;
+
+    for name in ["patched", "shared-manager", "applier", "recovered-before"] {
+        let before = w.get(name).await?.unwrap();
+        assert_eq!(
+            r.reconcile(&w.ns.name, name).await?,
+            Outcome::LeftAlone,
+            "{name}"
+        );
+        let after = w.get(name).await?.unwrap();
+        assert_eq!(after.data["spec"]["suspend"], true, "{name}");
+        assert_eq!(
+            after.metadata.resource_version, before.metadata.resource_version,
+            "{name}"
+        );
+        let events = w.ns.events_for(name).await?;
+        let expected = if name == "recovered-before" {
+            "Warning"
+        } else {
+            "Normal"
+        };
+        assert!(
+            events
+                .iter()
+                .any(|e| e.reason == "SuspensionNotOwned" && e.type_ == expected),
+            "{name}: {events:?}"
+        );
+    }
+    assert_eq!(w.revisions().await?.len(), 4, "no storage touched");
+    Ok(())
+}
+
+// 6.
+#[tokio::test]
+async fn our_suspension_left_by_a_crash_is_lifted_with_the_fence_and_nothing_is_deleted()
+-> Result<()> {
+    let w = world("crash").await?;
+    w.stuck_release("web", &[(1, "uninstalling")]).await?;
+    w.leave_our_suspension("web").await?;
+
+    let outcome = w.reconciler().reconcile(&w.ns.name, "web").await?;
+
+    assert_eq!(outcome, Outcome::Lifted { kept_fence: false });
+    assert_let_go(&w.get("web").await?.unwrap());
+    assert_eq!(w.revisions().await?, vec!["sh.helm.release.v1.web.v1"]);
+    Ok(())
+}
+
+// 7a.
+#[tokio::test]
+async fn the_acquire_forces_over_a_backup_controller_owning_suspend_false() -> Result<()> {
+    let w = world("force").await?;
+    w.stuck_release("web", &[(1, "uninstalling")]).await?;
+    w.update_suspend_as("web", "velero", false).await?;
+
+    let outcome = w.reconciler().reconcile(&w.ns.name, "web").await?;
+
+    assert_eq!(outcome, Outcome::Recovered { revision: 1 });
+    assert_let_go(&w.get("web").await?.unwrap());
+    Ok(())
+}
+
+// 7b.
+#[tokio::test]
+async fn a_foreign_suspension_landing_before_the_acquire_defers_the_recovery() -> Result<()> {
+    let w = world("defer").await?;
+    for (name, step) in [
+        ("unforced", Step::BeforeAcquire),
+        ("forced", Step::BeforeForcedAcquire),
+    ] {
+        w.stuck_release(name, &[(1, "uninstalling")]).await?;
+        if step == Step::BeforeForcedAcquire {
+            // An owner of `false` makes the unforced acquire conflict.
+            w.update_suspend_as(name, "velero", false).await?;
+        }
+        let releases = w.ns.releases();
+        let target = name.to_owned();
+        let reconciler = w.reconciler_pausing(step, move || {
+            let releases = releases.clone();
+            let target = target.clone();
+            async move {
+                let params = PatchParams {
+                    field_manager: Some("operator".into()),
+                    ..Default::default()
+                };
+                releases
+                    .patch(
+                        &target,
+                        &params,
+                        &Patch::Merge(json!({"spec": {"suspend": true}})),
+                    )
+                    .await
+                    .unwrap();
+            }
+            .boxed()
+        });
+
+        let outcome = reconciler.reconcile(&w.ns.name, name).await?;
+
+        assert_eq!(outcome, Outcome::Deferred, "{name}");
+        let after = w.get(name).await?.unwrap();
+        assert_eq!(after.data["spec"]["suspend"], true, "{name}");
+        assert!(!we_own_anything(&after), "{name}");
+        assert!(!ReleaseView::from_object(&after).has_fence(), "{name}");
+        let owners: Vec<_> = after
+            .metadata
+            .managed_fields
+            .iter()
+            .flatten()
+            .filter(|e| {
+                e.fields_v1
+                    .as_ref()
+                    .is_some_and(|f| f.0.pointer("/f:spec/f:suspend").is_some())
+            })
+            .map(|e| e.manager.clone().unwrap_or_default())
+            .collect();
+        assert_eq!(owners, vec!["operator".to_owned()], "{name}");
+        assert!(
+            w.ns.events_for(name)
+                .await?
+                .iter()
+                .any(|e| e.reason == "RecoveryDeferred"),
+            "{name}"
+        );
+    }
+    assert_eq!(w.revisions().await?.len(), 2, "both Secrets kept");
+    Ok(())
+}
+
+/// Deletes `name` while flux-plunger holds its recovery suspension and lets
+/// helm-controller handle the delete first when `helm_controller_first`.
+async fn delete_during_recovery(
+    w: &World,
+    name: &str,
+    helm_controller_first: bool,
+    unfenced: bool,
+) -> Result<()> {
+    w.stuck_release(name, &[(1, "superseded"), (2, "uninstalling")])
+        .await?;
+    let releases = w.ns.releases();
+    let hc = w.hc.clone();
+    let target = name.to_owned();
+    let mut reconciler = w.reconciler_pausing(Step::Acquired, move || {
+        let releases = releases.clone();
+        let hc = hc.clone();
+        let target = target.clone();
+        async move {
+            releases
+                .delete(&target, &DeleteParams::default())
+                .await
+                .unwrap();
+            if helm_controller_first {
+                hc.handle(&target).await.unwrap();
+            }
+        }
+        .boxed()
+    });
+    reconciler.hooks.unfenced = unfenced;
+
+    // The recovery meets the delete: its annotation write conflicts, and the
+    // undo lifts our suspension (keeping the fence).
+    let first = reconciler.reconcile(&w.ns.name, name).await;
+    assert!(matches!(first, Err(_) | Ok(Outcome::Gone)), "{first:?}");
+    // Then both controllers carry on until nothing changes.
+    for _ in 0..5 {
+        w.hc.handle(name).await?;
+        w.reconciler().reconcile(&w.ns.name, name).await?;
+    }
+    Ok(())
+}
+
+// 8.
+#[tokio::test]
+async fn a_delete_during_recovery_reaches_the_uninstall_when_helm_controller_handles_it_first()
+-> Result<()> {
+    let w = world("race-hc-first").await?;
+    delete_during_recovery(&w, "web", true, false).await?;
+    assert_eq!(
+        w.hc.decisions_for("web"),
+        vec![
+            Handled::UninstallSkippedBecauseSuspended,
+            Handled::Uninstalled
+        ],
+        "helm-controller met the suspension first, then uninstalled the unsuspended generation"
+    );
+    assert!(!w.hc.resources_exist("web").await?, "uninstalled");
+    assert!(w.get("web").await?.is_none(), "gone");
+    assert!(
+        w.revisions()
+            .await?
+            .contains(&"sh.helm.release.v1.web.v2".to_owned()),
+        "the Secret was kept"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_delete_during_recovery_reaches_the_uninstall_when_flux_plunger_handles_it_first()
+-> Result<()> {
+    let w = world("race-fp-first").await?;
+    delete_during_recovery(&w, "web", false, false).await?;
+    assert_eq!(w.hc.decisions_for("web"), vec![Handled::Uninstalled]);
+    assert!(!w.hc.resources_exist("web").await?, "uninstalled");
+    assert!(w.get("web").await?.is_none(), "gone");
+    Ok(())
+}
+
+#[tokio::test]
+async fn without_the_fence_a_delete_during_recovery_orphans_the_release() -> Result<()> {
+    let w = world("race-unfenced").await?;
+    delete_during_recovery(&w, "web", true, true).await?;
+    assert_eq!(
+        w.hc.decisions_for("web"),
+        vec![Handled::UninstallSkippedBecauseSuspended]
+    );
+    assert!(w.get("web").await?.is_none(), "gone");
+    assert!(
+        w.hc.resources_exist("web").await?,
+        "orphaned: this is the bug the fence exists for"
+    );
+    Ok(())
+}
+
+// 9.
+#[tokio::test]
+async fn a_delete_racing_our_unsuspend_is_held_by_the_fence_until_the_uninstall() -> Result<()> {
+    let w = world("race-lift").await?;
+    w.stuck_release("web", &[(1, "uninstalling")]).await?;
+    w.leave_our_suspension("web").await?;
+    let releases = w.ns.releases();
+    let reconciler = w.reconciler_pausing(Step::BeforeLift, move || {
+        let releases = releases.clone();
+        async move {
+            releases
+                .delete("web", &DeleteParams::default())
+                .await
+                .unwrap();
+        }
+        .boxed()
+    });
+
+    let err = reconciler.reconcile(&w.ns.name, "web").await.unwrap_err();
+    assert!(err.is_conflict(), "{err}");
+    assert!(
+        !w.ns
+            .events_for("web")
+            .await?
+            .iter()
+            .any(|e| e.reason == "UnsuspendFailed"),
+        "no warning for a 409"
+    );
+
+    // helm-controller meets the suspension: it skips the uninstall and drops
+    // its finalizer, but the fence keeps the release.
+    assert_eq!(
+        w.hc.handle("web").await?,
+        Handled::UninstallSkippedBecauseSuspended
+    );
+    let held = w.view("web").await?;
+    assert!(held.terminating && held.has_fence() && held.suspend);
+
+    assert_eq!(
+        w.reconciler().reconcile(&w.ns.name, "web").await?,
+        Outcome::Lifted { kept_fence: true }
+    );
+    let lifted = w.view("web").await?;
+    assert!(!lifted.suspend && lifted.has_fence());
+    assert!(
+        matches!(
+            w.reconciler().reconcile(&w.ns.name, "web").await?,
+            Outcome::FenceHeld { .. }
+        ),
+        "the fence stays until helm-controller has observed the unsuspended generation"
+    );
+    assert_eq!(w.hc.handle("web").await?, Handled::Uninstalled);
+    assert_eq!(
+        w.reconciler().reconcile(&w.ns.name, "web").await?,
+        Outcome::FenceDropped
+    );
+    assert!(w.get("web").await?.is_none());
+    assert!(!w.hc.resources_exist("web").await?);
+    Ok(())
+}
+
+// 10.
+#[tokio::test]
+async fn a_release_deleted_under_a_foreign_suspension_loses_only_our_fence() -> Result<()> {
+    let w = world("terminating-foreign").await?;
+    for (name, annotated) in [("migration", false), ("accident", true)] {
+        w.stuck_release(name, &[(1, "uninstalling")]).await?;
+        w.leave_our_suspension(name).await?;
+        // Another manager co-owns, then takes the suspension alone.
+        w.suspend_as(name, "platform-migration", true).await?;
+        let body = json!({"apiVersion": HELMRELEASE_API_VERSION, "kind": HELMRELEASE_KIND,
+            "metadata": {"name": name, "finalizers": [FENCE_FINALIZER]}});
+        w.ns.releases()
+            .patch(
+                name,
+                &PatchParams::apply(FIELD_MANAGER),
+                &Patch::Apply(body),
+            )
+            .await?;
+        if annotated {
+            w.ns.releases()
+                .patch(
+                    name,
+                    &PatchParams::default(),
+                    &Patch::Merge(
+                        json!({"metadata": {"annotations": {PROCESSED_VERSION_ANNOTATION: "1"}}}),
+                    ),
+                )
+                .await?;
+        }
+        let view = w.view(name).await?;
+        assert!(
+            view.suspend && !view.suspend_owned_by_us() && view.has_fence(),
+            "{name}: setup"
+        );
+        w.delete(name).await?;
+
+        assert_eq!(
+            w.reconciler().reconcile(&w.ns.name, name).await?,
+            Outcome::FenceDropped,
+            "{name}"
+        );
+
+        let after = w.view(name).await?;
+        assert!(after.suspend, "{name}: the suspension is that manager's");
+        assert!(!after.has_fence(), "{name}");
+        let expected = if annotated { "Warning" } else { "Normal" };
+        let events = w.ns.events_for(name).await?;
+        assert!(
+            events
+                .iter()
+                .any(|e| e.reason == "TerminatingWhileSuspended" && e.type_ == expected),
+            "{name}: {events:?}"
+        );
+        // helm-controller then skips the uninstall, as that manager meant.
+        assert_eq!(
+            w.hc.handle(name).await?,
+            Handled::UninstallSkippedBecauseSuspended
+        );
+        assert!(w.get(name).await?.is_none());
+        assert!(w.hc.resources_exist(name).await?);
+    }
+    Ok(())
+}
+
+// 11a.
+#[tokio::test]
+async fn a_recovery_whose_release_vanished_never_recreates_it() -> Result<()> {
+    let w = world("vanished").await?;
+    w.stuck_release("web", &[(1, "uninstalling")]).await?;
+    let releases = w.ns.releases();
+    let reconciler = w.reconciler_pausing(Step::Acquired, move || {
+        let releases = releases.clone();
+        async move {
+            // Deleted and every finalizer forced off: the release is gone.
+            releases
+                .patch(
+                    "web",
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+                )
+                .await
+                .unwrap();
+            releases
+                .delete("web", &DeleteParams::default())
+                .await
+                .unwrap();
+        }
+        .boxed()
+    });
+
+    let result = reconciler.reconcile(&w.ns.name, "web").await;
+    assert!(result.is_err(), "{result:?}");
+    assert!(w.get("web").await?.is_none(), "never re-created");
+    assert_eq!(w.revisions().await?, vec!["sh.helm.release.v1.web.v1"]);
+    Ok(())
+}
+
+// 11b.
+#[tokio::test]
+async fn a_recovery_whose_release_was_recreated_never_touches_the_new_one() -> Result<()> {
+    let w = world("recreated").await?;
+    w.stuck_release("web", &[(1, "uninstalling")]).await?;
+    let ns = w.ns.name.clone();
+    let client = w.client.clone();
+    let reconciler = w.reconciler_pausing(Step::Acquired, move || {
+        let client = client.clone();
+        let ns = ns.clone();
+        async move {
+            let again = TestNamespace { name: ns, client };
+            let releases = again.releases();
+            releases
+                .patch(
+                    "web",
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+                )
+                .await
+                .unwrap();
+            releases
+                .delete("web", &DeleteParams::default())
+                .await
+                .unwrap();
+            again.create_release("web", json!({})).await.unwrap();
+        }
+        .boxed()
+    });
+
+    let result = reconciler.reconcile(&w.ns.name, "web").await;
+    assert!(result.is_err(), "{result:?}");
+    let new = w.get("web").await?.unwrap();
+    assert!(
+        !new.metadata
+            .managed_fields
+            .iter()
+            .flatten()
+            .any(|e| e.manager.as_deref() == Some(FIELD_MANAGER))
+    );
+    assert!(new.metadata.finalizers.is_none());
+    assert!(new.metadata.annotations.is_none());
+    assert_eq!(w.revisions().await?, vec!["sh.helm.release.v1.web.v1"]);
+    Ok(())
+}
+
+// 11c.
+#[tokio::test]
+async fn every_apply_carries_the_uid_and_resource_version_of_the_read_that_decided_it() -> Result<()>
+{
+    let w = world("audit").await?;
+    w.stuck_release("web", &[(1, "uninstalling")]).await?;
+    w.stuck_release("crashed", &[(1, "uninstalling")]).await?;
+    w.leave_our_suspension("crashed").await?;
+    // Only what the reconciler sends from here on counts (the setup above
+    // writes as flux-plunger too).
+    let skip = audit_lines();
+    let r = w.reconciler();
+    assert_eq!(
+        r.reconcile(&w.ns.name, "web").await?,
+        Outcome::Recovered { revision: 1 }
+    );
+    assert_eq!(
+        r.reconcile(&w.ns.name, "crashed").await?,
+        Outcome::Lifted { kept_fence: false }
+    );
+
+    // The audit log records every HelmRelease write with its body.
+    let mut applies = Vec::new();
+    testkit::eventually(
+        Duration::from_secs(10),
+        "the applies reach the audit log",
+        || {
+            applies = audited_applies(&w.ns.name, skip);
+            let count = applies.len();
+            async move { Ok(count >= 3) }
+        },
+    )
+    .await?;
+    for body in &applies {
+        let meta = &body["metadata"];
+        assert!(
+            meta["uid"].as_str().is_some_and(|u| !u.is_empty()),
+            "{body}"
+        );
+        assert!(
+            meta["resourceVersion"]
+                .as_str()
+                .is_some_and(|v| !v.is_empty()),
+            "{body}"
+        );
+        let keys: Vec<&String> = body.as_object().unwrap().keys().collect();
+        assert!(
+            keys.iter()
+                .all(|k| ["apiVersion", "kind", "metadata", "spec"].contains(&k.as_str())),
+            "{body}"
+        );
+        let meta_keys: Vec<&String> = meta.as_object().unwrap().keys().collect();
+        assert!(
+            meta_keys.iter().all(
+                |k| ["name", "namespace", "uid", "resourceVersion", "finalizers"]
+                    .contains(&k.as_str())
+            ),
+            "{body}"
+        );
+        if let Some(spec) = body.get("spec") {
+            assert_eq!(spec, &json!({"suspend": true}), "{body}");
+        }
+    }
+    Ok(())
+}
+
+fn audit_lines() -> usize {
+    std::fs::read_to_string(control_plane().audit_log())
+        .unwrap_or_default()
+        .lines()
+        .count()
+}
+
+/// The bodies of the server-side applies by flux-plunger in `namespace`,
+/// after the first `skip` lines of the audit log.
+fn audited_applies(namespace: &str, skip: usize) -> Vec<Value> {
+    let text = std::fs::read_to_string(control_plane().audit_log()).unwrap_or_default();
+    text.lines()
+        .skip(skip)
+        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+        .filter(|e| e["verb"] == "patch" && e["objectRef"]["namespace"] == namespace)
+        .filter(|e| e["objectRef"]["resource"] == "helmreleases")
+        .filter(|e| {
+            e["requestURI"].as_str().is_some_and(|u| {
+                u.contains("fieldManager=flux-plunger") && !u.contains("flux-plunger-")
+            })
+        })
+        .filter(|e| e["requestObject"]["apiVersion"] == HELMRELEASE_API_VERSION)
+        .map(|e| e["requestObject"].clone())
+        .collect()
+}
+
+// Operator controls (SPEC §9).
+
+#[tokio::test]
+async fn a_dry_run_decides_and_reports_but_writes_nothing() -> Result<()> {
+    let w = world("dry-run").await?;
+    w.stuck_release("stuck", &[(1, "superseded"), (2, "uninstalling")])
+        .await?;
+    w.stuck_release("crashed", &[(1, "uninstalling")]).await?;
+    w.leave_our_suspension("crashed").await?;
+    let before_stuck = w.get("stuck").await?.unwrap();
+    let before_crashed = w.get("crashed").await?.unwrap();
+    let reconciler = w.reconciler().with_controls(plunger::reconcile::Controls {
+        dry_run: true,
+        rate_limit: None,
+    });
+
+    let stuck = reconciler.reconcile(&w.ns.name, "stuck").await?;
+    let crashed = reconciler.reconcile(&w.ns.name, "crashed").await?;
+
+    assert!(
+        matches!(&stuck, Outcome::DryRun { would } if would.contains("sh.helm.release.v1.stuck.v2")),
+        "{stuck:?}"
+    );
+    assert!(
+        matches!(&crashed, Outcome::DryRun { would } if would.contains("lift")),
+        "{crashed:?}"
+    );
+    for before in [before_stuck, before_crashed] {
+        let after = w
+            .get(before.metadata.name.as_deref().unwrap())
+            .await?
+            .unwrap();
+        assert_eq!(
+            after.metadata.resource_version,
+            before.metadata.resource_version
+        );
+    }
+    assert_eq!(w.revisions().await?.len(), 3, "no Secret deleted");
+    let events = w.ns.events_for("stuck").await?;
+    assert!(
+        events
+            .iter()
+            .any(|e| e.reason == "RecoveryDryRun" && e.note.contains("would suspend")),
+        "{events:?}"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_recovery_rate_limit_defers_recoveries_past_the_limit() -> Result<()> {
+    let w = world("rate-limit").await?;
+    w.stuck_release("first", &[(1, "uninstalling")]).await?;
+    w.stuck_release("second", &[(1, "uninstalling")]).await?;
+    let reconciler = w.reconciler().with_controls(plunger::reconcile::Controls {
+        dry_run: false,
+        rate_limit: plunger::ratelimit::RateLimiter::per_minute(1),
+    });
+
+    assert_eq!(
+        reconciler.reconcile(&w.ns.name, "first").await?,
+        Outcome::Recovered { revision: 1 }
+    );
+    let second = reconciler.reconcile(&w.ns.name, "second").await?;
+
+    assert!(
+        matches!(second, Outcome::RateLimited { retry_after } if retry_after > Duration::from_secs(50)),
+        "{second:?}"
+    );
+    assert!(!we_own_anything(&w.get("second").await?.unwrap()));
+    assert_eq!(w.revisions().await?, vec!["sh.helm.release.v1.second.v1"]);
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_release_opted_out_by_its_annotation_is_never_recovered() -> Result<()> {
+    let w = world("opt-out").await?;
+    w.stuck_release("web", &[(1, "uninstalling")]).await?;
+    w.ns.releases()
+        .patch("web", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"annotations": {"flux-plunger.cozystack.io/recover": "disabled"}}})))
+        .await?;
+    let before = w.get("web").await?.unwrap();
+
+    assert_eq!(
+        w.reconciler().reconcile(&w.ns.name, "web").await?,
+        Outcome::NothingToDo
+    );
+
+    let after = w.get("web").await?.unwrap();
+    assert_eq!(
+        after.metadata.resource_version,
+        before.metadata.resource_version
+    );
+    assert_eq!(w.revisions().await?, vec!["sh.helm.release.v1.web.v1"]);
+    Ok(())
+}
+
+// Release identity (SPEC §9): the storage is where helm-controller put it.
+
+/// Creates a stuck release with `spec` whose storage Secrets, of release
+/// `storage_name`, live in namespace `storage_ns`.
+async fn stuck_elsewhere(
+    w: &World,
+    name: &str,
+    spec: Value,
+    storage_ns: &TestNamespace,
+    storage_name: &str,
+) -> Result<()> {
+    w.ns.create_release(name, spec).await?;
+    w.hc.handle(name).await?;
+    storage_ns
+        .create_storage_secret(storage_name, 1, "superseded")
+        .await?;
+    storage_ns
+        .create_storage_secret(storage_name, 2, "uninstalling")
+        .await?;
+    // A decoy under the HelmRelease's own name, where the original looked.
+    w.ns.create_storage_secret(name, 9, "uninstalling").await?;
+    w.ns.mark_stuck(name).await?;
+    Ok(())
+}
+
+async fn secret_names(ns: &TestNamespace) -> Result<Vec<String>> {
+    let mut names: Vec<String> = ns
+        .secrets()
+        .list(&Default::default())
+        .await?
+        .items
+        .into_iter()
+        .filter_map(|s| s.metadata.name)
+        .collect();
+    names.sort();
+    Ok(names)
+}
+
+#[tokio::test]
+async fn the_storage_of_a_release_with_a_target_namespace_is_found_under_its_helm_name()
+-> Result<()> {
+    let w = world("identity-target").await?;
+    stuck_elsewhere(
+        &w,
+        "web",
+        json!({"targetNamespace": "prod"}),
+        &w.ns,
+        "prod-web",
+    )
+    .await?;
+
+    assert_eq!(
+        w.reconciler().reconcile(&w.ns.name, "web").await?,
+        Outcome::Recovered { revision: 2 }
+    );
+    assert_eq!(
+        secret_names(&w.ns).await?,
+        vec![
+            "sh.helm.release.v1.prod-web.v1",
+            "sh.helm.release.v1.web.v9"
+        ],
+        "only the newest revision of prod-web went; the decoy under the HelmRelease's name stays"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_storage_of_a_release_with_a_release_name_and_storage_namespace_is_found_there()
+-> Result<()> {
+    let w = world("identity-storage").await?;
+    let storage = TestNamespace::create(&w.client, "identity-store").await?;
+    stuck_elsewhere(
+        &w,
+        "web",
+        json!({"releaseName": "custom", "storageNamespace": storage.name, "targetNamespace": "prod"}),
+        &storage,
+        "custom",
+    )
+    .await?;
+
+    assert_eq!(
+        w.reconciler().reconcile(&w.ns.name, "web").await?,
+        Outcome::Recovered { revision: 2 }
+    );
+    assert_eq!(
+        secret_names(&storage).await?,
+        vec!["sh.helm.release.v1.custom.v1"]
+    );
+    assert_eq!(
+        secret_names(&w.ns).await?,
+        vec!["sh.helm.release.v1.web.v9"]
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_release_name_past_53_characters_is_shortened_as_helm_controller_does() -> Result<()> {
+    let w = world("identity-long").await?;
+    let target = "t".repeat(20);
+    let name = "a-release-with-a-rather-long-name-indeed";
+    let helm_name = plunger::storage::shorten_release_name(&format!("{target}-{name}"));
+    assert_eq!(helm_name.len(), 53);
+    stuck_elsewhere(
+        &w,
+        name,
+        json!({"targetNamespace": target}),
+        &w.ns,
+        &helm_name,
+    )
+    .await?;
+
+    assert_eq!(
+        w.reconciler().reconcile(&w.ns.name, name).await?,
+        Outcome::Recovered { revision: 2 }
+    );
+    assert!(
+        !secret_names(&w.ns)
+            .await?
+            .contains(&format!("sh.helm.release.v1.{helm_name}.v2"))
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn where_status_and_spec_disagree_the_status_says_where_the_release_is() -> Result<()> {
+    let w = world("identity-status").await?;
+    let actual = TestNamespace::create(&w.client, "identity-actual").await?;
+    stuck_elsewhere(
+        &w,
+        "web",
+        json!({"releaseName": "from-spec"}),
+        &actual,
+        "recorded",
+    )
+    .await?;
+    // helm-controller recorded where it actually installed the release.
+    let history = json!([{
+        "name": "recorded", "namespace": "prod", "version": 2, "status": "uninstalling",
+        "chartName": "demo", "chartVersion": "1.0.0", "configDigest": "sha256:0", "digest": "sha256:0",
+        "firstDeployed": "2026-01-01T00:00:00Z", "lastDeployed": "2026-01-01T00:00:00Z",
+    }]);
+    w.ns.releases()
+        .patch_status(
+            "web",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"storageNamespace": actual.name, "history": history}})),
+        )
+        .await?;
+
+    assert_eq!(
+        w.reconciler().reconcile(&w.ns.name, "web").await?,
+        Outcome::Recovered { revision: 2 }
+    );
+    assert_eq!(
+        secret_names(&actual).await?,
+        vec!["sh.helm.release.v1.recorded.v1"]
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_deployed_newest_revision_is_never_deleted() -> Result<()> {
+    let w = world("guard-deployed").await?;
+    let before = w
+        .stuck_release("web", &[(1, "superseded"), (2, "deployed")])
+        .await?;
+
+    assert_eq!(
+        w.reconciler().reconcile(&w.ns.name, "web").await?,
+        Outcome::Skipped(SkipReason::LatestIsDeployed { latest: 2 })
+    );
+    assert_eq!(w.revisions().await?.len(), 2);
+    assert_eq!(
+        w.get("web").await?.unwrap().metadata.resource_version,
+        before.metadata.resource_version
+    );
+    Ok(())
+}

@@ -1,0 +1,162 @@
+{{/*
+Names. Every object name comes from one of these helpers, so that the
+cross-references (ServiceAccount, selector, Lease, the hook's flags) cannot
+drift apart; chart-tests/names_test.yaml checks that they agree.
+*/}}
+
+{{/* The chart name, for the app.kubernetes.io/name label. */}}
+{{- define "flux-plunger.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+The full name of the controller's objects: the release name when it already
+contains the chart name, else "<release>-<chart>". 63 characters at most (a
+label value and a DNS label).
+*/}}
+{{- define "flux-plunger.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* The pre-delete hook's objects: "<fullname>-pre-delete", 63 characters at most. */}}
+{{- define "flux-plunger.hookName" -}}
+{{- printf "%s-pre-delete" (include "flux-plunger.fullname" . | trunc 52 | trimSuffix "-") }}
+{{- end }}
+
+{{/* The controller's ServiceAccount. */}}
+{{- define "flux-plunger.serviceAccountName" -}}
+{{- include "flux-plunger.fullname" . }}
+{{- end }}
+
+{{/* The leader Lease, in the release namespace. */}}
+{{- define "flux-plunger.leaseName" -}}
+{{- default (include "flux-plunger.fullname" .) .Values.leaderElection.leaseName }}
+{{- end }}
+
+{{/* helm.sh/chart label value. */}}
+{{- define "flux-plunger.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+The labels that select the controller pods: the Deployment's selector, the
+metrics Service's selector and the hook's --pod-selector are all this set.
+A Deployment's selector is immutable, so this set must never change.
+The hook's own pod carries component=pre-delete-hook and so is never selected.
+*/}}
+{{- define "flux-plunger.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "flux-plunger.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: controller
+{{- end }}
+
+{{/* The controller pods' selector as the hook takes it: k=v,k=v in key order. */}}
+{{- define "flux-plunger.podSelector" -}}
+{{- $pairs := list }}
+{{- range $key, $value := include "flux-plunger.selectorLabels" . | fromYaml }}
+{{- $pairs = append $pairs (printf "%s=%s" $key $value) }}
+{{- end }}
+{{- join "," $pairs }}
+{{- end }}
+
+{{/*
+Labels of every object. Call with (dict "context" $ "component" "...").
+*/}}
+{{- define "flux-plunger.labels" -}}
+helm.sh/chart: {{ include "flux-plunger.chart" .context }}
+app.kubernetes.io/name: {{ include "flux-plunger.name" .context }}
+app.kubernetes.io/instance: {{ .context.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+app.kubernetes.io/version: {{ .context.Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .context.Release.Service }}
+app.kubernetes.io/part-of: flux-plunger
+{{- end }}
+
+{{/* The image of every container: repository@digest when a digest is given, else repository:tag. */}}
+{{- define "flux-plunger.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+{{- end }}
+
+{{/*
+shutdownGracePeriodSeconds, validated here as well as by values.schema.json so
+that `--skip-schema-validation` still refuses a value the binaries would refuse.
+The messages are those of plunger::timings::GracePeriodError; the contract tests
+compare them. Renders the whole number of seconds.
+*/}}
+{{- define "flux-plunger.gracePeriodSeconds" -}}
+{{- $g := .Values.shutdownGracePeriodSeconds }}
+{{- $whole := false }}
+{{- if or (kindIs "int" $g) (kindIs "int64" $g) (kindIs "float64" $g) }}
+{{- $whole = eq (float64 $g) (floor $g) }}
+{{- end }}
+{{- if not $whole }}
+{{- fail (printf "shutdownGracePeriodSeconds must be a whole number of seconds between 40 and 140, got %q" (toString $g)) }}
+{{- end }}
+{{- if or (lt (float64 $g) 40.0) (gt (float64 $g) 140.0) }}
+{{- fail (printf "shutdownGracePeriodSeconds must be between 40 and 140 seconds, got %.0f: below 40 the drain deadline (grace period - 25 s) is too short to carry a delete through its uninstall; above 140 the hook's pod wait (grace period + 10 s) no longer fits its 180-second retry window" (float64 $g)) }}
+{{- end }}
+{{- printf "%.0f" (float64 $g) }}
+{{- end }}
+
+{{/*
+The pre-delete hook's budget (SPEC §7), the same constants as
+plunger::timings: under helm-controller's 300 s uninstall timeout, so that the
+Job and not helm-controller decides how the hook ends.
+*/}}
+{{- define "flux-plunger.hookActiveDeadlineSeconds" -}}
+240
+{{- end }}
+
+{{/* How long the finished hook Job stays, so that its report can be read. */}}
+{{- define "flux-plunger.hookTtlSecondsAfterFinished" -}}
+600
+{{- end }}
+
+{{/* Restricted Pod Security Standard, pod level. */}}
+{{- define "flux-plunger.podSecurityContext" -}}
+runAsNonRoot: true
+runAsUser: 65532
+runAsGroup: 65532
+seccompProfile:
+  type: RuntimeDefault
+{{- end }}
+
+{{/* Restricted Pod Security Standard, every container. */}}
+{{- define "flux-plunger.containerSecurityContext" -}}
+runAsNonRoot: true
+readOnlyRootFilesystem: true
+allowPrivilegeEscalation: false
+capabilities:
+  drop:
+    - ALL
+seccompProfile:
+  type: RuntimeDefault
+{{- end }}
+
+{{/*
+POD_NAME and POD_NAMESPACE from the downward API: the Lease holder identity
+and the Lease namespace of the controller and the drain.
+*/}}
+{{- define "flux-plunger.podEnv" -}}
+- name: POD_NAME
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.name
+- name: POD_NAMESPACE
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.namespace
+{{- end }}
