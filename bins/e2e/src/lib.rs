@@ -9,6 +9,7 @@ use kube::api::{DeleteParams, DynamicObject, Patch, PatchParams};
 use plunger::names;
 use serde_json::{Value, json};
 use testkit::TestNamespace;
+use testkit::helm_storage::{revision_statuses, set_revision_status};
 use testkit::real_helm_controller::{create_demo_release, wait_for};
 
 /// The HelmRelease fields helm-controller reads and writes on its way
@@ -202,4 +203,110 @@ pub async fn remove_finalizer(ns: &TestNamespace, name: &str, finalizer: &str) -
         .patch(name, &PatchParams::default(), &Patch::Json::<()>(patch))
         .await?;
     Ok(())
+}
+
+/// `Ready` carries the message of the stuck state.
+pub fn is_stuck(o: &Observed) -> bool {
+    o.ready_message()
+        .is_some_and(|m| m.contains(plunger::names::STUCK_MESSAGE))
+}
+
+/// Installs the demo release, upgrades it once (revision 1 `superseded`,
+/// revision 2 `deployed`), then leaves revision 2 as an interrupted uninstall
+/// leaves it and asks for another upgrade.
+///
+/// Why that gets stuck, in helm-controller v1.6's and Helm v4's code (v1.4
+/// and Helm v3 decide the same way):
+/// 1. rewriting revision 2 changes the release object, so its digest no longer
+///    matches the snapshot in `status.history`: `DetermineReleaseState` calls
+///    the release "Unmanaged", clears the history and runs a Helm upgrade;
+/// 2. Helm's `Upgrade.prepareUpgrade` takes the newest revision (`Last`): not
+///    `pending-*` (that would be "another operation is in progress"), not
+///    `deployed`, so it asks storage for a deployed one (`Deployed`, a query on
+///    the label `status=deployed`): none, and the newest is neither `failed`
+///    nor `superseded` (the two it would upgrade from) — so it returns
+///    `"<release>" has no deployed releases` before touching anything;
+/// 3. the reconcile fails, helm-controller writes `Ready=False` with that
+///    message and retries with backoff; every retry ends the same way.
+///
+/// `uninstalling`, `unknown` and `uninstalled` all do this (see the table
+/// test below); `failed`, `superseded` and `pending-*` do not.
+pub async fn make_stuck(ns: &TestNamespace, release: &str) -> Result<Observed> {
+    install(ns, release, "hello").await?;
+    set_greeting(ns, release, "v2").await?;
+    wait_until(ns, release, "upgraded and Ready=True", Observed::is_ready).await?;
+    let stored = revision_statuses(&ns.secrets(), release).await?;
+    anyhow::ensure!(
+        stored == [(1, "superseded".to_owned()), (2, "deployed".to_owned())],
+        "after install and upgrade, storage holds {stored:?}"
+    );
+    set_revision_status(&ns.secrets(), release, 2, "uninstalling").await?;
+    set_greeting(ns, release, "v3").await?;
+    wait_until(ns, release, "stuck with has no deployed releases", is_stuck).await
+}
+
+/// flux-plunger's controller as a process, scoped to one test namespace (the
+/// real helm-controller serves every namespace of the test process; the
+/// stuck releases of other tests must stay stuck). It stops with the test
+/// process, like the servers of the control plane.
+pub struct FluxPlunger {
+    /// Its log (console encoding).
+    pub log: std::path::PathBuf,
+    _server: testkit::process::Supervised,
+}
+
+impl FluxPlunger {
+    /// Starts `target/<profile>/flux-plunger` (`make e2e` builds it) watching
+    /// only `ns`, without leader election, and waits for its readiness probe.
+    pub async fn start(ns: &TestNamespace) -> Result<Self> {
+        use testkit::control_plane::{AuthInfo, control_plane, free_port, workspace_binary};
+        let binary = workspace_binary("flux-plunger")?;
+        // The supervisor removes the directory once flux-plunger stopped.
+        let dir = tempfile::Builder::new()
+            .prefix("flux-plunger-e2e-")
+            .tempdir()?
+            .keep();
+        let kubeconfig = dir.join("kubeconfig");
+        control_plane().write_kubeconfig(&kubeconfig, &AuthInfo::AdminCertificate)?;
+        let log = dir.join("flux-plunger.log");
+        let health = free_port()?;
+        let args = vec![
+            format!("--kubeconfig={}", kubeconfig.display()),
+            "--leader-elect=false".to_owned(),
+            format!("--watch-namespace={}", ns.name),
+            format!("--metrics-addr=127.0.0.1:{}", free_port()?),
+            format!("--health-addr=127.0.0.1:{health}"),
+            "--log-encoding=console".to_owned(),
+            "--log-level=debug".to_owned(),
+        ];
+        let server =
+            testkit::process::Supervised::spawn("flux-plunger", &binary, &args, &log, Some(&dir))?;
+        let running = Self {
+            log,
+            _server: server,
+        };
+        wait_for("flux-plunger's /readyz", || async {
+            Ok((http_status(health, "/readyz").await == Some(200)).then_some(()))
+        })
+        .await
+        .with_context(|| format!("flux-plunger's log:\n{}", running.log_text()))?;
+        Ok(running)
+    }
+
+    /// Everything flux-plunger logged so far.
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+async fn http_status(port: u16, path: &str) -> Option<u16> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .ok()?;
+    let request = format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.ok()?;
+    response.split_whitespace().nth(1)?.parse().ok()
 }

@@ -23,8 +23,8 @@
 
 use anyhow::Result;
 use e2e::{
-    Observed, apply_as_flux_plunger, delete, install, observe, remove_finalizer, set_greeting,
-    set_suspend, wait_gone, wait_until,
+    Observed, apply_as_flux_plunger, delete, install, is_stuck, make_stuck, observe,
+    remove_finalizer, set_greeting, set_suspend, wait_gone, wait_until,
 };
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::DeleteParams;
@@ -91,44 +91,6 @@ fn stuck_condition(ns: &TestNamespace) -> Option<(String, String, String)> {
     )
 }
 
-fn is_stuck(o: &Observed) -> bool {
-    o.ready_message()
-        .is_some_and(|m| m.contains(plunger::names::STUCK_MESSAGE))
-}
-
-/// Installs the demo release, upgrades it once (revision 1 `superseded`,
-/// revision 2 `deployed`), then leaves revision 2 as an interrupted uninstall
-/// leaves it and asks for another upgrade.
-///
-/// Why that gets stuck, in helm-controller v1.6's and Helm v4's code (v1.4
-/// and Helm v3 decide the same way):
-/// 1. rewriting revision 2 changes the release object, so its digest no longer
-///    matches the snapshot in `status.history`: `DetermineReleaseState` calls
-///    the release "Unmanaged", clears the history and runs a Helm upgrade;
-/// 2. Helm's `Upgrade.prepareUpgrade` takes the newest revision (`Last`): not
-///    `pending-*` (that would be "another operation is in progress"), not
-///    `deployed`, so it asks storage for a deployed one (`Deployed`, a query on
-///    the label `status=deployed`): none, and the newest is neither `failed`
-///    nor `superseded` (the two it would upgrade from) — so it returns
-///    `"<release>" has no deployed releases` before touching anything;
-/// 3. the reconcile fails, helm-controller writes `Ready=False` with that
-///    message and retries with backoff; every retry ends the same way.
-///
-/// `uninstalling`, `unknown` and `uninstalled` all do this (see the table
-/// test below); `failed`, `superseded` and `pending-*` do not.
-async fn make_stuck(ns: &TestNamespace) -> Result<Observed> {
-    install(ns, RELEASE, "hello").await?;
-    set_greeting(ns, RELEASE, "v2").await?;
-    wait_until(ns, RELEASE, "upgraded and Ready=True", Observed::is_ready).await?;
-    assert_eq!(
-        storage(ns).await?,
-        revisions(&[(1, "superseded"), (2, "deployed")])
-    );
-    set_revision_status(&ns.secrets(), RELEASE, 2, "uninstalling").await?;
-    set_greeting(ns, RELEASE, "v3").await?;
-    wait_until(ns, RELEASE, "stuck with has no deployed releases", is_stuck).await
-}
-
 #[tokio::test]
 async fn a_helmrelease_is_installed_by_the_real_helm_controller_and_becomes_ready() -> Result<()> {
     let ns = namespace("e2e-install").await?;
@@ -156,7 +118,7 @@ async fn a_helmrelease_is_installed_by_the_real_helm_controller_and_becomes_read
 async fn an_upgrade_over_a_newest_revision_left_uninstalling_is_stuck_with_has_no_deployed_releases()
 -> Result<()> {
     let ns = namespace("e2e-stuck").await?;
-    let stuck = make_stuck(&ns).await?;
+    let stuck = make_stuck(&ns, RELEASE).await?;
     assert_eq!(
         stuck,
         Observed {
@@ -204,7 +166,7 @@ async fn an_upgrade_over_a_newest_revision_left_uninstalling_is_stuck_with_has_n
 async fn suspending_deleting_the_newest_storage_secret_and_resuming_recovers_a_stuck_release()
 -> Result<()> {
     let ns = namespace("e2e-fix").await?;
-    make_stuck(&ns).await?;
+    make_stuck(&ns, RELEASE).await?;
 
     set_suspend(&ns, RELEASE, true).await?;
     let suspended = wait_until(
