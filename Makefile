@@ -156,6 +156,9 @@ test-unit: ## Unit tests: pure, no control plane.
 .PHONY: test-envtest
 test-envtest: tools ## Integration tests against the local control plane.
 	$(call step,integration tests against the local control plane)
+	@# Tests run the binaries of other packages (testkit::workspace_binary):
+	@# `cargo test` builds a package's binaries only for its own tests.
+	cargo build --workspace --locked --bins
 	@mkdir -p $(TEST_LOG)
 	$(CARGO_TEST) --test '*' --exclude chart-contract --exclude e2e 2>&1 | tee $(TEST_LOG)/envtest.log
 	@hack/check-no-leftovers.sh
@@ -203,6 +206,18 @@ e2e: tools ## End-to-end tests against Flux's real helm-controller, once per ver
 	done
 	@hack/check-no-leftovers.sh
 
+CARGO_MUTANTS_VERSION := 27.1.0
+CARGO_MUTANTS := $(OUT)/cargo/bin/cargo-mutants
+
+$(CARGO_MUTANTS):
+	$(call step,installing cargo-mutants $(CARGO_MUTANTS_VERSION) into $(OUT)/cargo)
+	cargo install --locked cargo-mutants@$(CARGO_MUTANTS_VERSION) --root $(OUT)/cargo
+
+.PHONY: mutants
+mutants: $(CARGO_MUTANTS) ## Mutation testing of the decision code (.cargo/mutants.toml); not part of make test.
+	$(call step,cargo mutants over bins/plunger's decision code)
+	$(CARGO_MUTANTS) mutants --package plunger --test-package plunger --output $(OUT)
+
 .PHONY: lint
 lint: ## cargo fmt --check and clippy with warnings denied.
 	$(call step,lint)
@@ -214,6 +229,13 @@ lint: ## cargo fmt --check and clippy with warnings denied.
 .PHONY: demo
 demo: tools ## Start the local control plane and show it (Ctrl-C stops it).
 	cargo run --locked -q -p testkit --bin local-control-plane
+
+.PHONY: bench
+bench: tools ## Figures (not tests): drain, handover and sweep times on the local control plane, release builds.
+	$(call step,building release binaries)
+	cargo build --locked --release -p flux-plunger -p flux-plunger-drain -p flux-plunger-sweep
+	$(call step,running the benchmark (a few minutes))
+	cargo run --locked --release -q -p bench
 
 .PHONY: clean
 clean: ## Remove build output and tools.

@@ -240,6 +240,9 @@ fn every_value_set_renders_flags_the_binaries_accept() -> Result<()> {
         Some("team=payments")
     );
     assert_eq!(controller.max_recoveries_per_minute, 12);
+    let notification = "http://notification-controller.flux-system.svc.cluster.local./";
+    assert_eq!(controller.events.events_addr.as_deref(), Some(notification));
+    assert_eq!(drain.events.events_addr.as_deref(), Some(notification));
     assert_eq!(drain.concurrent, 32);
     assert_eq!(hook.deployment, "plunger");
     Ok(())

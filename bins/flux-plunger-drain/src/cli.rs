@@ -1,7 +1,7 @@
 //! The drain sidecar's flags.
 
 use clap::Parser;
-use plunger::cli::{GraceArgs, KubeArgs, LeaseArgs, LogArgs};
+use plunger::cli::{EventsArgs, GraceArgs, KubeArgs, LeaseArgs, LogArgs};
 
 /// Drains flux-plunger's uninstall fences when its pod stops.
 ///
@@ -22,6 +22,8 @@ pub struct Args {
     pub lease: LeaseArgs,
     #[command(flatten)]
     pub grace: GraceArgs,
+    #[command(flatten)]
+    pub events: EventsArgs,
     /// How many releases are drained at once.
     #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..=256))]
     pub concurrent: u16,

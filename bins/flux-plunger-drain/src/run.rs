@@ -8,7 +8,6 @@ use std::time::Instant;
 
 use anyhow::Context as _;
 use plunger::drain::{DrainReport, drain};
-use plunger::events::Events;
 use plunger::lease::{Attempt, LeaseLock};
 use plunger::reconcile::Reconciler;
 use plunger::timings::Timings;
@@ -67,7 +66,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     let lost = Arc::new(AtomicBool::new(false));
     let (done, done_rx) = tokio::sync::oneshot::channel();
     let renewer = tokio::spawn(keep_lease(lock, timings, lost.clone(), done_rx));
-    let events = Events::new(client.clone(), "flux-plunger", Some(identity.clone()));
+    let events = args.events.events(client.clone(), &identity);
     let reconciler = Reconciler::new(client.clone(), events, timings);
     let report = tokio::select! {
         report = drain(&client, &reconciler, deadline, usize::from(args.concurrent)) => Some(report),

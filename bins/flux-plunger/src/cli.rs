@@ -3,7 +3,7 @@
 use std::net::SocketAddr;
 
 use clap::{ArgAction, Parser};
-use plunger::cli::{GraceArgs, KubeArgs, LeaseArgs, LogArgs, parse_listen_addr};
+use plunger::cli::{EventsArgs, GraceArgs, KubeArgs, LeaseArgs, LogArgs, parse_listen_addr};
 
 /// Recovers Flux HelmReleases stuck with "has no deployed releases".
 ///
@@ -23,6 +23,8 @@ pub struct Args {
     pub lease: LeaseArgs,
     #[command(flatten)]
     pub grace: GraceArgs,
+    #[command(flatten)]
+    pub events: EventsArgs,
     /// How many HelmReleases are reconciled at once.
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=256))]
     pub concurrent: u16,

@@ -6,7 +6,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
-use plunger::events::Events;
 use plunger::lease::{Attempt, LeaseLock};
 use plunger::ratelimit::RateLimiter;
 use plunger::reconcile::{Controls, Reconciler};
@@ -75,7 +74,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         tracing::warn!("leader election is off: run exactly one flux-plunger against this cluster");
     }
 
-    let events = Events::new(client.clone(), "flux-plunger", Some(identity));
+    let events = args.events.events(client.clone(), &identity);
     let controls = Controls {
         dry_run: args.dry_run,
         rate_limit: RateLimiter::per_minute(args.max_recoveries_per_minute),
@@ -85,7 +84,9 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
             "dry run: decisions are logged, recorded as events and counted; nothing is written"
         );
     }
-    let reconciler = Reconciler::new(client.clone(), events, timings).with_controls(controls);
+    let reconciler = Reconciler::new(client.clone(), events, timings)
+        .with_controls(controls)
+        .with_test_hooks_from_env();
     let scope = Scope {
         namespaces: args.watch_namespaces.clone(),
         label_selector: args.watch_label_selector.clone(),

@@ -271,3 +271,66 @@ async fn a_scoped_controller_recovers_only_the_namespaces_and_labels_it_watches(
     }
     Ok(())
 }
+
+#[tokio::test]
+async fn a_delete_while_the_process_holds_its_suspension_still_reaches_the_uninstall() -> Result<()>
+{
+    let _turn = testkit::cluster_wide_turn().await;
+    let client = control_plane().client().await?;
+    let ns = TestNamespace::create(&client, "binary-race").await?;
+    let hc = SimulatedHelmController::new(client.clone(), &ns.name);
+    let gate = tempfile::tempdir()?;
+    let file = gate.path().join("pause").display().to_string();
+    let running = start(
+        &["--leader-elect=false"],
+        &[
+            ("FLUX_PLUNGER_TEST_PAUSE_AT", "acquired"),
+            ("FLUX_PLUNGER_TEST_PAUSE_FILE", &file),
+        ],
+    )
+    .await?;
+    wait_ready(&running).await?;
+    ns.create_release("web", json!({})).await?;
+    hc.install("web").await?;
+    assert_eq!(hc.handle("web").await?, Handled::AddedFinalizer);
+    ns.create_storage_secret("web", 1, "uninstalling").await?;
+    ns.mark_stuck("web").await?;
+
+    // The process holds its suspension and fence, paused: the delete lands.
+    eventually(
+        Duration::from_secs(30),
+        "the recovery pauses after the acquire",
+        || {
+            let reached = std::path::Path::new(&format!("{file}.reached")).exists();
+            async move { Ok(reached) }
+        },
+    )
+    .await?;
+    let held = ReleaseView::from_object(&ns.releases().get("web").await?);
+    assert!(held.suspended_by_us() && held.has_fence(), "{held:?}");
+    ns.releases().delete("web", &Default::default()).await?;
+    // helm-controller handles the delete first: it skips the uninstall.
+    assert_eq!(
+        hc.handle("web").await?,
+        Handled::UninstallSkippedBecauseSuspended
+    );
+    assert!(
+        ns.releases().get_opt("web").await?.is_some(),
+        "the fence holds the release"
+    );
+
+    std::fs::write(format!("{file}.release"), b"")?;
+    let (helm_controller, stop) = hc.clone().spawn(Duration::from_millis(200));
+    eventually(Duration::from_secs(30), "the release is gone", || async {
+        Ok(ns.releases().get_opt("web").await?.is_none())
+    })
+    .await?;
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    helm_controller.await?;
+    assert!(
+        !hc.resources_exist("web").await?,
+        "uninstalled, not orphaned"
+    );
+    assert_eq!(hc.decisions_for("web").last(), Some(&Handled::Uninstalled));
+    Ok(())
+}

@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 
 use crate::names::{
     FENCE_FINALIZER, FIELD_MANAGER, HELMRELEASE_API_VERSION, HELMRELEASE_KIND,
-    PROCESSED_VERSION_ANNOTATION, SHARED_FIELD_MANAGER,
+    PROCESSED_BELOW_UID_ANNOTATION, PROCESSED_VERSION_ANNOTATION, SHARED_FIELD_MANAGER,
 };
 use crate::release::{ReleaseView, helmreleases};
 
@@ -87,13 +87,16 @@ pub async fn apply(
         .await
 }
 
-/// The merge patch that records the reclaimed revision, locked on the
-/// resourceVersion of the release as read.
-pub fn annotation_patch(release: &ReleaseView, revision: u64) -> Value {
+/// The merge patch that records the reclaimed revision (and the uid of the
+/// revision below it, "" for none), locked on the resourceVersion read.
+pub fn annotation_patch(release: &ReleaseView, revision: u64, below_uid: Option<&str>) -> Value {
     json!({
         "metadata": {
             "resourceVersion": release.resource_version,
-            "annotations": { PROCESSED_VERSION_ANNOTATION: revision.to_string() },
+            "annotations": {
+                PROCESSED_VERSION_ANNOTATION: revision.to_string(),
+                PROCESSED_BELOW_UID_ANNOTATION: below_uid.unwrap_or_default(),
+            },
         },
     })
 }
@@ -104,6 +107,7 @@ pub async fn annotate(
     client: &Client,
     release: &ReleaseView,
     revision: u64,
+    below_uid: Option<&str>,
 ) -> kube::Result<DynamicObject> {
     let params = PatchParams {
         field_manager: Some(SHARED_FIELD_MANAGER.to_owned()),
@@ -113,7 +117,7 @@ pub async fn annotate(
         .patch(
             &release.name,
             &params,
-            &Patch::Merge(annotation_patch(release, revision)),
+            &Patch::Merge(annotation_patch(release, revision, below_uid)),
         )
         .await
 }
@@ -169,9 +173,14 @@ mod tests {
     #[test]
     fn the_annotation_patch_is_locked_on_the_resource_version_read() {
         assert_eq!(
-            annotation_patch(&release(), 5),
+            annotation_patch(&release(), 5, Some("uid-4")),
             json!({"metadata": {"resourceVersion": "42",
-                "annotations": {"flux-plunger.cozystack.io/last-processed-version": "5"}}})
+                "annotations": {"flux-plunger.cozystack.io/last-processed-version": "5",
+                    "flux-plunger.cozystack.io/last-processed-below-uid": "uid-4"}}})
+        );
+        assert_eq!(
+            annotation_patch(&release(), 1, None)["metadata"]["annotations"]["flux-plunger.cozystack.io/last-processed-below-uid"],
+            ""
         );
     }
 }

@@ -169,3 +169,32 @@ mod tests {
         assert!(parse_listen_addr("8080").unwrap_err().contains("\"8080\""));
     }
 }
+
+/// Where events also go.
+#[derive(Args, Debug, Clone, Default)]
+pub struct EventsArgs {
+    /// Also post every event to Flux's notification-controller at this
+    /// http:// address (as Flux's controllers do), so Flux Alerts fire on
+    /// flux-plunger's recoveries and warnings.
+    #[arg(long, value_name = "URL", value_parser = parse_events_addr)]
+    pub events_addr: Option<String>,
+}
+
+impl EventsArgs {
+    /// The event recorder these flags ask for.
+    pub fn events(&self, client: kube::Client, instance: &str) -> crate::events::Events {
+        let events = crate::events::Events::new(client, "flux-plunger", Some(instance.to_owned()));
+        match self
+            .events_addr
+            .as_deref()
+            .and_then(|a| crate::notify::Forwarder::new(a, Some(instance.to_owned())).ok())
+        {
+            Some(forwarder) => events.forwarding_to(forwarder),
+            None => events,
+        }
+    }
+}
+
+fn parse_events_addr(text: &str) -> Result<String, String> {
+    crate::notify::Forwarder::new(text, None).map(|_| text.to_owned())
+}

@@ -209,6 +209,8 @@ pub enum SkipReason {
     AlreadyProcessed { latest: u64, processed: u64 },
     /// The newest revision is deployed: deleting it would lose a good release.
     LatestIsDeployed { latest: u64 },
+    /// The release lives in a remote cluster that cannot be reached or used.
+    RemoteClusterUnusable { why: String },
 }
 
 /// Chooses the revision to reclaim: the newest one, unless it is the one
@@ -217,8 +219,14 @@ pub fn plan_recovery(release: &ReleaseView, revisions: &[StorageRevision]) -> Re
     let Some(latest) = revisions.iter().max_by_key(|r| r.revision) else {
         return RecoveryPlan::Skip(SkipReason::NoRevisions);
     };
+    // The revision just below the one we reclaimed is left alone, unless
+    // its uid shows it is not the one that was below then but one Helm made
+    // later under the same number (a new failure, recovered like any).
     if let ProcessedVersion::Revision(processed) = release.processed_version()
         && latest.revision.checked_add(1) == Some(processed)
+        && release
+            .processed_below_uid()
+            .is_none_or(|uid| uid == latest.uid)
     {
         return RecoveryPlan::Skip(SkipReason::AlreadyProcessed {
             latest: latest.revision,
@@ -231,6 +239,17 @@ pub fn plan_recovery(release: &ReleaseView, revisions: &[StorageRevision]) -> Re
         });
     }
     RecoveryPlan::Reclaim(latest.clone())
+}
+
+/// The revision just below `target`, whose uid the annotation records.
+pub fn revision_below<'a>(
+    revisions: &'a [StorageRevision],
+    target: &StorageRevision,
+) -> Option<&'a StorageRevision> {
+    revisions
+        .iter()
+        .filter(|r| r.revision < target.revision)
+        .max_by_key(|r| r.revision)
 }
 
 /// SPEC §4.8: may we take the suspension, given a fresh read? Only from a

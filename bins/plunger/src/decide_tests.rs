@@ -467,3 +467,46 @@ fn an_opted_out_release_still_loses_our_suspension_and_fence() {
         .insert(crate::names::RECOVER_ANNOTATION.into(), "disabled".into());
     assert_eq!(decide(&r, &clock()), Decision::Lift { keep_fence: false });
 }
+
+#[test]
+fn the_revision_below_is_left_alone_only_while_it_is_the_same_secret() {
+    let mut r = annotated(stuck(release()), "5");
+    r.annotations.insert(
+        crate::names::PROCESSED_BELOW_UID_ANNOTATION.into(),
+        "s-4".into(),
+    );
+    assert!(matches!(
+        plan_recovery(&r, &[revision(4, "failed")]),
+        RecoveryPlan::Skip(SkipReason::AlreadyProcessed { .. })
+    ));
+    let mut recreated = revision(4, "failed");
+    recreated.uid = "new-uid".into();
+    assert_eq!(
+        plan_recovery(&r, std::slice::from_ref(&recreated)),
+        RecoveryPlan::Reclaim(recreated.clone()),
+        "the same number under another uid is a revision Helm made later"
+    );
+    // Nothing was below the reclaimed revision: any revision 4 now is new.
+    r.annotations.insert(
+        crate::names::PROCESSED_BELOW_UID_ANNOTATION.into(),
+        String::new(),
+    );
+    assert!(matches!(
+        plan_recovery(&r, &[revision(4, "failed")]),
+        RecoveryPlan::Reclaim(_)
+    ));
+}
+
+#[test]
+fn the_revision_below_the_target_is_the_highest_lower_one() {
+    let revisions = [
+        revision(1, "superseded"),
+        revision(5, "failed"),
+        revision(3, "superseded"),
+    ];
+    assert_eq!(
+        revision_below(&revisions, &revisions[1]),
+        Some(&revisions[2])
+    );
+    assert_eq!(revision_below(&revisions, &revisions[0]), None);
+}

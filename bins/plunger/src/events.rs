@@ -15,6 +15,7 @@ use crate::release::ReleaseView;
 #[derive(Clone)]
 pub struct Events {
     recorder: Recorder,
+    forwarder: Option<crate::notify::Forwarder>,
 }
 
 impl Events {
@@ -25,7 +26,14 @@ impl Events {
         };
         Self {
             recorder: Recorder::new(client, reporter),
+            forwarder: None,
         }
+    }
+
+    /// Also forwards every event to Flux's notification-controller.
+    pub fn forwarding_to(mut self, forwarder: crate::notify::Forwarder) -> Self {
+        self.forwarder = Some(forwarder);
+        self
     }
 
     /// Records `event` on `release`; logs instead of failing.
@@ -56,6 +64,9 @@ impl Events {
         }
         if let Err(err) = self.recorder.publish(&published, &reference).await {
             tracing::warn!(release = %release.key(), reason = event.reason, error = %err, "could not record the event");
+        }
+        if let Some(forwarder) = &self.forwarder {
+            forwarder.forward(release, event).await;
         }
     }
 }

@@ -22,6 +22,12 @@ pub const HELM_CONTROLLER_FINALIZER: &str = "finalizers.fluxcd.io";
 /// The newest storage revision we reclaimed, as a decimal string.
 pub const PROCESSED_VERSION_ANNOTATION: &str = "flux-plunger.cozystack.io/last-processed-version";
 
+/// The uid of the revision just below the one we reclaimed, as it was then
+/// (empty when there was none). It tells that revision from one Helm created
+/// later under the same number; older flux-plungers did not write it.
+pub const PROCESSED_BELOW_UID_ANNOTATION: &str =
+    "flux-plunger.cozystack.io/last-processed-below-uid";
+
 /// Per-release opt-out: `disabled` keeps flux-plunger from starting a
 /// recovery of this release (it still releases its own fence and suspension).
 pub const RECOVER_ANNOTATION: &str = "flux-plunger.cozystack.io/recover";
@@ -60,6 +66,7 @@ pub mod reasons {
     pub const UNINSTALL_FENCE_HELD: &str = "UninstallFenceHeld";
     pub const RECOVERED: &str = "Recovered";
     pub const RECOVERY_DRY_RUN: &str = "RecoveryDryRun";
+    pub const REMOTE_CLUSTER_UNUSABLE: &str = "RemoteClusterUnusable";
 }
 
 /// The name Helm gives the storage Secret of `release` at `revision`.

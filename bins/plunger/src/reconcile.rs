@@ -114,6 +114,19 @@ impl Reconciler {
         }
     }
 
+    /// Test builds only: the hooks `test_hooks::hooks_from_env` reads; a
+    /// no-op in any other build.
+    pub fn with_test_hooks_from_env(self) -> Self {
+        #[cfg(feature = "test-hooks")]
+        {
+            let mut this = self;
+            this.hooks = crate::test_hooks::hooks_from_env();
+            this
+        }
+        #[cfg(not(feature = "test-hooks"))]
+        self
+    }
+
     /// The same reconciler under the operator's controls.
     pub fn with_controls(mut self, controls: Controls) -> Self {
         self.controls = controls;
@@ -271,8 +284,29 @@ impl Reconciler {
 
     /// SPEC §4 steps 6-13.
     async fn recover(&self, release: ReleaseView) -> Result<Outcome, Error> {
+        // The storage is in the cluster the release is installed in.
+        let storage_client = if release.has_kube_config {
+            match crate::remote::storage_client(&self.client, &release).await {
+                Ok(client) => client,
+                Err(why) => {
+                    let event = EventSpec {
+                        warning: true,
+                        reason: reasons::REMOTE_CLUSTER_UNUSABLE,
+                        action: "Recover",
+                        note: format!(
+                            "{} is stuck in a remote cluster flux-plunger cannot use: {why}",
+                            release.key()
+                        ),
+                    };
+                    self.events.record(&release, &event).await;
+                    return Ok(Outcome::Skipped(SkipReason::RemoteClusterUnusable { why }));
+                }
+            }
+        } else {
+            self.client.clone()
+        };
         let location = StorageLocation::of(&release);
-        let secrets = storage::list_storage(&self.client, &location)
+        let secrets = storage::list_storage(&storage_client, &location)
             .await
             .map_err(|source| Error::ListStorage {
                 key: release.key(),
@@ -331,7 +365,11 @@ impl Reconciler {
         };
         tracing::info!(release = %release.key(), revision = target.revision, secret = %target.name, "suspended with the uninstall fence to reclaim the newest storage revision");
 
-        match self.reclaim(held, &target).await {
+        let below_uid = decide::revision_below(&revisions, &target).map(|r| r.uid.clone());
+        match self
+            .reclaim(held, &target, below_uid.as_deref(), &storage_client)
+            .await
+        {
             Ok(outcome) => Ok(outcome),
             Err(err) => {
                 // Step 9: an early exit never leaves our suspension behind.
@@ -378,9 +416,15 @@ impl Reconciler {
     }
 
     /// SPEC §4 steps 10-13, holding the suspension.
-    async fn reclaim(&self, held: ReleaseView, target: &StorageRevision) -> Result<Outcome, Error> {
+    async fn reclaim(
+        &self,
+        held: ReleaseView,
+        target: &StorageRevision,
+        below_uid: Option<&str>,
+        storage_client: &Client,
+    ) -> Result<Outcome, Error> {
         self.pause_at_step(Step::Acquired).await;
-        apply::annotate(&self.client, &held, target.revision)
+        apply::annotate(&self.client, &held, target.revision, below_uid)
             .await
             .map_err(|source| Error::Annotate {
                 key: held.key(),
@@ -401,7 +445,7 @@ impl Reconciler {
         }
         let release = recheck.expect("may_delete_storage implies a release");
 
-        match storage::delete_revision(&self.client, target).await {
+        match storage::delete_revision(storage_client, target).await {
             Ok(()) => {}
             // Already gone: whoever deleted it did what we meant to.
             Err(err) if is_api_code(&err, 404) => {}

@@ -46,12 +46,22 @@ pub struct ReleaseView {
     pub spec_target_namespace: Option<String>,
     pub spec_storage_namespace: Option<String>,
     pub has_kube_config: bool,
+    /// `spec.kubeConfig.secretRef`: the Secret (and key) holding the
+    /// kubeconfig of the cluster the release is installed in.
+    pub kube_config_secret: Option<KubeConfigSecretRef>,
     pub ready: Option<ReadyCondition>,
     pub observed_generation: Option<i64>,
     pub status_storage_namespace: Option<String>,
     pub status_latest_history_name: Option<String>,
     /// Fields that were present but could not be read, for a log line.
     pub malformed: Vec<&'static str>,
+}
+
+/// Where a release's remote kubeconfig is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KubeConfigSecretRef {
+    pub name: String,
+    pub key: Option<String>,
 }
 
 /// The `Ready` condition, as far as the stuck check needs it.
@@ -124,6 +134,22 @@ impl ReleaseView {
             has_kube_config: spec
                 .and_then(|s| s.get("kubeConfig"))
                 .is_some_and(|k| !k.is_null()),
+            kube_config_secret: spec
+                .and_then(|s| s.pointer("/kubeConfig/secretRef"))
+                .and_then(|r| {
+                    let name = r
+                        .get("name")
+                        .and_then(Value::as_str)
+                        .filter(|n| !n.is_empty())?;
+                    Some(KubeConfigSecretRef {
+                        name: name.to_owned(),
+                        key: r
+                            .get("key")
+                            .and_then(Value::as_str)
+                            .filter(|k| !k.is_empty())
+                            .map(str::to_owned),
+                    })
+                }),
             ready,
             observed_generation,
             status_storage_namespace: non_empty_str(status, "storageNamespace"),
@@ -215,6 +241,14 @@ impl ReleaseView {
 
     pub fn carries_processed_annotation(&self) -> bool {
         self.annotations.contains_key(PROCESSED_VERSION_ANNOTATION)
+    }
+
+    /// The uid recorded for the revision below the one we reclaimed; `None`
+    /// when an older flux-plunger wrote the annotation.
+    pub fn processed_below_uid(&self) -> Option<&str> {
+        self.annotations
+            .get(crate::names::PROCESSED_BELOW_UID_ANNOTATION)
+            .map(String::as_str)
     }
 
     pub fn processed_version(&self) -> ProcessedVersion {

@@ -221,6 +221,21 @@ async fn a_stuck_release_loses_exactly_its_newest_revision_and_nothing_else() ->
         "every other field untouched"
     );
     assert_eq!(after.metadata.finalizers, before.metadata.finalizers);
+    // The annotation is written under the shared manager, never ours.
+    let annotation_owner = after.metadata.managed_fields.iter().flatten().find(|e| {
+        e.fields_v1.as_ref().is_some_and(|f| {
+            // JSON pointer escapes the annotation key's "/" as "~1".
+            f.0.pointer(&format!(
+                "/f:metadata/f:annotations/f:{}",
+                PROCESSED_VERSION_ANNOTATION.replace('/', "~1")
+            ))
+            .is_some()
+        })
+    });
+    assert_eq!(
+        annotation_owner.and_then(|e| e.manager.as_deref()),
+        Some("flux-client-side-apply")
+    );
     let events = w.ns.events_for("web").await?;
     assert!(
         events
@@ -1277,5 +1292,237 @@ async fn a_deployed_newest_revision_is_never_deleted() -> Result<()> {
         w.get("web").await?.unwrap().metadata.resource_version,
         before.metadata.resource_version
     );
+    Ok(())
+}
+
+#[tokio::test]
+async fn events_are_posted_to_flux_notification_controller_in_its_format() -> Result<()> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let w = world("notify").await?;
+    w.stuck_release("web", &[(1, "uninstalling")]).await?;
+    // A notification-controller on loopback: answers 202 and keeps each body.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let address = format!("http://{}/", listener.local_addr()?);
+    let (bodies_tx, mut bodies) = tokio::sync::mpsc::unbounded_channel::<Value>();
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            let mut buffer = Vec::new();
+            let mut chunk = [0u8; 4096];
+            loop {
+                let n = socket.read(&mut chunk).await.unwrap_or(0);
+                if n == 0 {
+                    break;
+                }
+                buffer.extend_from_slice(&chunk[..n]);
+                let text = String::from_utf8_lossy(&buffer).to_string();
+                if let Some((head, body)) = text.split_once("\r\n\r\n") {
+                    let length: usize = head
+                        .lines()
+                        .find_map(|l| {
+                            l.to_ascii_lowercase()
+                                .strip_prefix("content-length:")
+                                .map(|v| v.trim().parse().unwrap_or(0))
+                        })
+                        .unwrap_or(0);
+                    if body.len() >= length {
+                        assert!(head.starts_with("POST / HTTP/1.1"), "{head}");
+                        bodies_tx
+                            .send(serde_json::from_str(&body[..length]).unwrap())
+                            .unwrap();
+                        socket
+                            .write_all(b"HTTP/1.1 202 Accepted\r\ncontent-length: 0\r\n\r\n")
+                            .await
+                            .unwrap();
+                        buffer.clear();
+                    }
+                }
+            }
+        }
+    });
+    let events = Events::new(w.client.clone(), "flux-plunger", Some("pod-a".into())).forwarding_to(
+        plunger::notify::Forwarder::new(&address, Some("pod-a".into()))
+            .map_err(anyhow::Error::msg)?,
+    );
+    let reconciler = Reconciler::new(w.client.clone(), events, Timings::default());
+
+    assert_eq!(
+        reconciler.reconcile(&w.ns.name, "web").await?,
+        Outcome::Recovered { revision: 1 }
+    );
+
+    let body = tokio::time::timeout(Duration::from_secs(10), bodies.recv())
+        .await?
+        .expect("an event");
+    assert_eq!(body["reason"], "Recovered");
+    assert_eq!(body["severity"], "info");
+    assert_eq!(body["reportingController"], "flux-plunger");
+    assert_eq!(body["reportingInstance"], "pod-a");
+    assert_eq!(body["involvedObject"]["kind"], "HelmRelease");
+    assert_eq!(body["involvedObject"]["namespace"], w.ns.name.as_str());
+    assert_eq!(body["involvedObject"]["name"], "web");
+    assert!(
+        body["message"]
+            .as_str()
+            .unwrap()
+            .contains("reclaimed Helm storage revision 1")
+    );
+    assert!(body["timestamp"].as_str().unwrap().ends_with('Z'));
+    Ok(())
+}
+
+// Remote clusters (SPEC §9): storage read and written where the release is installed.
+
+#[tokio::test]
+async fn a_release_in_a_remote_cluster_is_recovered_there() -> Result<()> {
+    use k8s_openapi::api::core::v1::{Namespace, Secret};
+    use kube::api::{Api, PostParams};
+    let w = world("remote").await?;
+    let remote = testkit::ControlPlane::start_another()?;
+    let remote_client = remote.client().await?;
+    // The same namespace in the remote cluster, with the release's storage.
+    let namespaces: Api<Namespace> = Api::all(remote_client.clone());
+    namespaces
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": w.ns.name}}))?,
+        )
+        .await?;
+    let remote_ns = TestNamespace {
+        name: w.ns.name.clone(),
+        client: remote_client.clone(),
+    };
+    remote_ns
+        .create_storage_secret("web", 1, "superseded")
+        .await?;
+    remote_ns
+        .create_storage_secret("web", 2, "uninstalling")
+        .await?;
+    // A decoy in the local cluster, where the original looked.
+    w.ns.create_storage_secret("web", 2, "uninstalling").await?;
+    let kubeconfig: Secret = serde_json::from_value(json!({
+        "metadata": {"name": "remote-kubeconfig"},
+        "stringData": {"value.yaml": remote.kubeconfig_yaml(&testkit::control_plane::AuthInfo::AdminCertificate)},
+    }))?;
+    w.ns.secrets()
+        .create(&PostParams::default(), &kubeconfig)
+        .await?;
+    w.ns.create_release(
+        "web",
+        json!({"kubeConfig": {"secretRef": {"name": "remote-kubeconfig"}}}),
+    )
+    .await?;
+    w.hc.handle("web").await?;
+    w.ns.mark_stuck("web").await?;
+
+    assert_eq!(
+        w.reconciler().reconcile(&w.ns.name, "web").await?,
+        Outcome::Recovered { revision: 2 }
+    );
+
+    assert_eq!(
+        secret_names(&remote_ns).await?,
+        vec!["sh.helm.release.v1.web.v1"]
+    );
+    assert!(
+        secret_names(&w.ns)
+            .await?
+            .contains(&"sh.helm.release.v1.web.v2".to_owned()),
+        "the local decoy stays"
+    );
+    assert_let_go(&w.get("web").await?.unwrap());
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_remote_cluster_that_cannot_be_used_is_skipped_with_a_warning() -> Result<()> {
+    use k8s_openapi::api::core::v1::Secret;
+    use kube::api::PostParams;
+    let w = world("remote-bad").await?;
+    let exec: Secret = serde_json::from_value(json!({
+        "metadata": {"name": "exec-kubeconfig"},
+        "stringData": {"value": "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: https://eks.example:443\ncontexts:\n- name: c\n  context: {cluster: c, user: u}\ncurrent-context: c\nusers:\n- name: u\n  user:\n    exec:\n      apiVersion: client.authentication.k8s.io/v1\n      command: aws\n"},
+    }))?;
+    w.ns.secrets().create(&PostParams::default(), &exec).await?;
+    for (name, secret) in [("missing", "no-such-secret"), ("exec", "exec-kubeconfig")] {
+        w.ns.create_release(name, json!({"kubeConfig": {"secretRef": {"name": secret}}}))
+            .await?;
+        w.hc.handle(name).await?;
+        w.ns.create_storage_secret(name, 1, "uninstalling").await?;
+        w.ns.mark_stuck(name).await?;
+        let before = w.get(name).await?.unwrap();
+
+        let outcome = w.reconciler().reconcile(&w.ns.name, name).await?;
+
+        assert!(
+            matches!(
+                &outcome,
+                Outcome::Skipped(SkipReason::RemoteClusterUnusable { .. })
+            ),
+            "{name}: {outcome:?}"
+        );
+        assert_eq!(
+            w.get(name).await?.unwrap().metadata.resource_version,
+            before.metadata.resource_version,
+            "{name}"
+        );
+        let events = w.ns.events_for(name).await?;
+        let expected = if name == "exec" {
+            "exec plugin"
+        } else {
+            "does not exist"
+        };
+        assert!(
+            events.iter().any(|e| e.reason == "RemoteClusterUnusable"
+                && e.type_ == "Warning"
+                && e.note.contains(expected)),
+            "{name}: {events:?}"
+        );
+    }
+    assert_eq!(
+        w.revisions()
+            .await?
+            .iter()
+            .filter(|s| s.starts_with("sh.helm"))
+            .count(),
+        2
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_revision_made_later_under_the_number_below_is_told_from_the_one_that_was_there()
+-> Result<()> {
+    let w = world("guard-uid").await?;
+    w.stuck_release("web", &[(1, "superseded"), (2, "uninstalling")])
+        .await?;
+    let r = w.reconciler();
+    assert_eq!(
+        r.reconcile(&w.ns.name, "web").await?,
+        Outcome::Recovered { revision: 2 }
+    );
+    let v1 = w.ns.secrets().get("sh.helm.release.v1.web.v1").await?;
+    let annotations = w.get("web").await?.unwrap().metadata.annotations.unwrap();
+    assert_eq!(
+        annotations["flux-plunger.cozystack.io/last-processed-below-uid"],
+        v1.metadata.uid.clone().unwrap()
+    );
+
+    // Still stuck before helm-controller retries: v1 is the revision that was below.
+    w.ns.mark_stuck("web").await?;
+    assert!(matches!(
+        r.reconcile(&w.ns.name, "web").await?,
+        Outcome::Skipped(SkipReason::AlreadyProcessed { .. })
+    ));
+
+    // The history is replaced: a new v1 under the same number, stuck again.
+    w.ns.secrets()
+        .delete("sh.helm.release.v1.web.v1", &DeleteParams::default())
+        .await?;
+    w.ns.create_storage_secret("web", 1, "uninstalling").await?;
+    assert_eq!(
+        r.reconcile(&w.ns.name, "web").await?,
+        Outcome::Recovered { revision: 1 }
+    );
+    assert!(w.revisions().await?.is_empty());
     Ok(())
 }

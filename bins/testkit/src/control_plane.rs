@@ -109,6 +109,14 @@ pub fn tail(path: &Path, lines: usize) -> String {
 }
 
 impl ControlPlane {
+    /// A second, independent control plane (a "remote cluster"), stopped
+    /// when dropped or when the test process ends.
+    pub fn start_another() -> Result<Self> {
+        std::thread::spawn(ControlPlane::start)
+            .join()
+            .map_err(|_| anyhow::anyhow!("the control plane start thread panicked"))?
+    }
+
     fn start() -> Result<Self> {
         let started = Instant::now();
         let deadline = started + START_TIMEOUT;
