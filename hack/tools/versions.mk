@@ -2,3 +2,17 @@
 # Flux's helm-controller: its CRDs, and (for e2e) its binary, built from a copy
 # of the downloaded module because its go.mod replaces ./api.
 HELM_CONTROLLER_VERSION := v1.6.4
+# Every helm-controller the e2e suite runs against, each built into
+# _out/bin/helm-controller-<version> by hack/build-helm-controller.sh.
+# The orphaning bug was reported on v1.5.x, but the module proxy serves no
+# v1.5.x (v1.5.0 to v1.5.6 answer 403), and two v1.6.x cannot be built from it:
+# v1.6.0 needs github.com/fluxcd/pkg/chartutil v1.27.0 and v1.6.3 Flux's Helm
+# fork github.com/fluxcd/helm/v4 v4.2.4-flux.1, both refused. So v1.5.x is
+# bracketed: v1.6.1, the oldest buildable v1.6 (Helm v4, the line v1.5.0
+# started), and v1.4.0, the newest buildable v1.4 (Helm v3; v1.4.4 and v1.4.5
+# answer 403).
+HELM_CONTROLLER_E2E_VERSIONS := v1.6.4 v1.6.1 v1.4.0
+# source-controller's CRDs (HelmChart and the other sources helm-controller
+# watches) come from github.com/fluxcd/source-controller's config/crd/bases, at
+# the version helm-controller $(HELM_CONTROLLER_VERSION)'s go.mod requires for
+# github.com/fluxcd/source-controller/api (the api module carries no CRDs).

@@ -83,7 +83,8 @@ pub fn tool(name: &str) -> Result<PathBuf> {
     Ok(path)
 }
 
-fn free_port() -> Result<u16> {
+/// A TCP port on 127.0.0.1 that was free a moment ago.
+pub fn free_port() -> Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
@@ -100,7 +101,8 @@ fn wait_for_port(port: u16, server: &mut Supervised, deadline: Instant) -> Resul
     bail!("{} did not listen on port {port} in time", server.name)
 }
 
-fn tail(path: &Path, lines: usize) -> String {
+/// The last `lines` lines of the text file at `path` (empty if unreadable).
+pub fn tail(path: &Path, lines: usize) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_default();
     let all: Vec<&str> = text.lines().collect();
     all[all.len().saturating_sub(lines)..].join("\n")

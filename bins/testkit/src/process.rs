@@ -49,6 +49,19 @@ impl Supervised {
         log: &Path,
         cleanup: Option<&Path>,
     ) -> Result<Self> {
+        Self::spawn_with_env(name, program, args, &[], log, cleanup)
+    }
+
+    /// As [`Supervised::spawn`], with `env` added to the server's environment
+    /// (e.g. `KUBECONFIG` for a server that has no `--kubeconfig` flag).
+    pub fn spawn_with_env(
+        name: &str,
+        program: &Path,
+        args: &[String],
+        env: &[(&str, &Path)],
+        log: &Path,
+        cleanup: Option<&Path>,
+    ) -> Result<Self> {
         let mut child = Command::new("sh")
             .arg("-c")
             .arg(SUPERVISOR)
@@ -57,6 +70,7 @@ impl Supervised {
             .arg(cleanup.map(PathBuf::from).unwrap_or_default())
             .arg(program)
             .args(args)
+            .envs(env.iter().copied())
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
             .stderr(Stdio::null())

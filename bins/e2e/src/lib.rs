@@ -1,0 +1,312 @@
+//! End-to-end tests against Flux's real helm-controller (`make e2e`): the
+//! tests live in `tests/`; this library holds what they share — a compact
+//! view of the HelmRelease fields helm-controller writes, and the writes a
+//! user, an operator or flux-plunger makes.
+#![forbid(unsafe_code)]
+
+use anyhow::{Context, Result};
+use kube::api::{DeleteParams, DynamicObject, Patch, PatchParams};
+use plunger::names;
+use serde_json::{Value, json};
+use testkit::TestNamespace;
+use testkit::helm_storage::{revision_statuses, set_revision_status};
+use testkit::real_helm_controller::{create_demo_release, wait_for};
+
+/// The HelmRelease fields helm-controller reads and writes on its way
+/// through install, upgrade, suspension and delete.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Observed {
+    pub generation: i64,
+    pub observed_generation: Option<i64>,
+    pub finalizers: Vec<String>,
+    pub deleting: bool,
+    pub suspend: bool,
+    /// `(status, reason, message)` of the `Ready` condition.
+    pub ready: Option<(String, String, String)>,
+    pub storage_namespace: Option<String>,
+    pub history_len: usize,
+}
+
+impl Observed {
+    pub fn of(obj: &DynamicObject) -> Self {
+        let status = &obj.data["status"];
+        let ready = status["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|c| c["type"] == names::READY_CONDITION)
+            .map(|c| {
+                let field = |k: &str| c[k].as_str().unwrap_or_default().to_owned();
+                (field("status"), field("reason"), field("message"))
+            });
+        Self {
+            generation: obj.metadata.generation.unwrap_or_default(),
+            observed_generation: status["observedGeneration"].as_i64(),
+            finalizers: obj.metadata.finalizers.clone().unwrap_or_default(),
+            deleting: obj.metadata.deletion_timestamp.is_some(),
+            suspend: obj.data["spec"]["suspend"].as_bool().unwrap_or(false),
+            ready,
+            storage_namespace: status["storageNamespace"].as_str().map(str::to_owned),
+            history_len: status["history"].as_array().map_or(0, Vec::len),
+        }
+    }
+
+    /// helm-controller has handled the current generation.
+    pub fn is_observed(&self) -> bool {
+        self.observed_generation == Some(self.generation)
+    }
+
+    /// `Ready=True` for the current generation.
+    pub fn is_ready(&self) -> bool {
+        self.is_observed() && self.ready_status() == Some("True")
+    }
+
+    pub fn ready_status(&self) -> Option<&str> {
+        self.ready.as_ref().map(|(s, _, _)| s.as_str())
+    }
+
+    pub fn ready_message(&self) -> Option<&str> {
+        self.ready.as_ref().map(|(_, _, m)| m.as_str())
+    }
+
+    pub fn has_helm_controller_finalizer(&self) -> bool {
+        self.finalizers
+            .iter()
+            .any(|f| f == names::HELM_CONTROLLER_FINALIZER)
+    }
+}
+
+/// The current state of release `name`, or `None` once it is gone.
+pub async fn observe(ns: &TestNamespace, name: &str) -> Result<Option<Observed>> {
+    Ok(ns.releases().get_opt(name).await?.map(|o| Observed::of(&o)))
+}
+
+/// Waits until release `name` satisfies `done`, and returns that state.
+pub async fn wait_until(
+    ns: &TestNamespace,
+    name: &str,
+    what: &str,
+    done: impl Fn(&Observed) -> bool,
+) -> Result<Observed> {
+    let what = format!("HelmRelease {}/{name}: {what}", ns.name);
+    let done = &done;
+    wait_for(&what, || async move {
+        let observed = observe(ns, name)
+            .await?
+            .context("the HelmRelease is gone")?;
+        Ok(done(&observed).then_some(observed))
+    })
+    .await
+}
+
+/// Waits until release `name` is gone.
+pub async fn wait_gone(ns: &TestNamespace, name: &str) -> Result<()> {
+    let what = format!("HelmRelease {}/{name} to be gone", ns.name);
+    wait_for(&what, || async move {
+        Ok(observe(ns, name).await?.is_none().then_some(()))
+    })
+    .await
+}
+
+/// Creates the demo release with `greeting` and waits for the real
+/// helm-controller to install it (`Ready=True` for its generation).
+pub async fn install(ns: &TestNamespace, name: &str, greeting: &str) -> Result<Observed> {
+    create_demo_release(ns, name, json!({ "greeting": greeting })).await?;
+    wait_until(ns, name, "installed and Ready=True", Observed::is_ready).await
+}
+
+/// A merge patch of `spec`, as `kubectl patch --type=merge` or `flux
+/// suspend`/`resume` write it.
+pub async fn patch_spec(ns: &TestNamespace, name: &str, spec: Value) -> Result<Observed> {
+    let patched = ns
+        .releases()
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "spec": spec })),
+        )
+        .await?;
+    Ok(Observed::of(&patched))
+}
+
+/// Sets `spec.values.greeting`, which makes helm-controller upgrade.
+pub async fn set_greeting(ns: &TestNamespace, name: &str, greeting: &str) -> Result<Observed> {
+    patch_spec(ns, name, json!({ "values": { "greeting": greeting } })).await
+}
+
+/// `flux suspend` / `flux resume`.
+pub async fn set_suspend(ns: &TestNamespace, name: &str, suspend: bool) -> Result<Observed> {
+    patch_spec(ns, name, json!({ "suspend": suspend })).await
+}
+
+/// Deletes release `name` and returns the state the delete left it in:
+/// `None` if it went at once, else the terminating release as the apiserver
+/// answered the delete (before any controller could act on it).
+pub async fn delete(ns: &TestNamespace, name: &str) -> Result<Option<Observed>> {
+    let deleted = ns.releases().delete(name, &DeleteParams::default()).await?;
+    Ok(deleted.left().map(|obj| Observed::of(&obj)))
+}
+
+/// flux-plunger's one write (SPEC §3): a server-side apply by manager
+/// `flux-plunger` holding only identity, preconditions, optionally the fence
+/// and optionally `spec.suspend`.
+pub async fn apply_as_flux_plunger(
+    ns: &TestNamespace,
+    name: &str,
+    suspend: Option<bool>,
+    fence: bool,
+) -> Result<Observed> {
+    let current = ns.releases().get(name).await?;
+    let mut body = json!({
+        "apiVersion": names::HELMRELEASE_API_VERSION,
+        "kind": names::HELMRELEASE_KIND,
+        "metadata": {
+            "name": name,
+            "namespace": ns.name,
+            "resourceVersion": current.metadata.resource_version,
+            "uid": current.metadata.uid,
+        },
+    });
+    if fence {
+        body["metadata"]["finalizers"] = json!([names::FENCE_FINALIZER]);
+    }
+    if let Some(suspend) = suspend {
+        body["spec"] = json!({ "suspend": suspend });
+    }
+    let applied = ns
+        .releases()
+        .patch(
+            name,
+            &PatchParams::apply(names::FIELD_MANAGER),
+            &Patch::Apply(body),
+        )
+        .await?;
+    Ok(Observed::of(&applied))
+}
+
+/// Removes finalizer `finalizer` from release `name` with a JSON patch
+/// guarded by a `test` op, as the sweeper does.
+pub async fn remove_finalizer(ns: &TestNamespace, name: &str, finalizer: &str) -> Result<()> {
+    let current = ns.releases().get(name).await?;
+    let index = current
+        .metadata
+        .finalizers
+        .iter()
+        .flatten()
+        .position(|f| f == finalizer)
+        .with_context(|| format!("{name} does not carry {finalizer}"))?;
+    let patch: json_patch::Patch = serde_json::from_value(json!([
+        {"op": "test", "path": format!("/metadata/finalizers/{index}"), "value": finalizer},
+        {"op": "remove", "path": format!("/metadata/finalizers/{index}")},
+    ]))?;
+    ns.releases()
+        .patch(name, &PatchParams::default(), &Patch::Json::<()>(patch))
+        .await?;
+    Ok(())
+}
+
+/// `Ready` carries the message of the stuck state.
+pub fn is_stuck(o: &Observed) -> bool {
+    o.ready_message()
+        .is_some_and(|m| m.contains(plunger::names::STUCK_MESSAGE))
+}
+
+/// Installs the demo release, upgrades it once (revision 1 `superseded`,
+/// revision 2 `deployed`), then leaves revision 2 as an interrupted uninstall
+/// leaves it and asks for another upgrade.
+///
+/// Why that gets stuck, in helm-controller v1.6's and Helm v4's code (v1.4
+/// and Helm v3 decide the same way):
+/// 1. rewriting revision 2 changes the release object, so its digest no longer
+///    matches the snapshot in `status.history`: `DetermineReleaseState` calls
+///    the release "Unmanaged", clears the history and runs a Helm upgrade;
+/// 2. Helm's `Upgrade.prepareUpgrade` takes the newest revision (`Last`): not
+///    `pending-*` (that would be "another operation is in progress"), not
+///    `deployed`, so it asks storage for a deployed one (`Deployed`, a query on
+///    the label `status=deployed`): none, and the newest is neither `failed`
+///    nor `superseded` (the two it would upgrade from) — so it returns
+///    `"<release>" has no deployed releases` before touching anything;
+/// 3. the reconcile fails, helm-controller writes `Ready=False` with that
+///    message and retries with backoff; every retry ends the same way.
+///
+/// `uninstalling`, `unknown` and `uninstalled` all do this (see the table
+/// test below); `failed`, `superseded` and `pending-*` do not.
+pub async fn make_stuck(ns: &TestNamespace, release: &str) -> Result<Observed> {
+    install(ns, release, "hello").await?;
+    set_greeting(ns, release, "v2").await?;
+    wait_until(ns, release, "upgraded and Ready=True", Observed::is_ready).await?;
+    let stored = revision_statuses(&ns.secrets(), release).await?;
+    anyhow::ensure!(
+        stored == [(1, "superseded".to_owned()), (2, "deployed".to_owned())],
+        "after install and upgrade, storage holds {stored:?}"
+    );
+    set_revision_status(&ns.secrets(), release, 2, "uninstalling").await?;
+    set_greeting(ns, release, "v3").await?;
+    wait_until(ns, release, "stuck with has no deployed releases", is_stuck).await
+}
+
+/// flux-plunger's controller as a process, scoped to one test namespace (the
+/// real helm-controller serves every namespace of the test process; the
+/// stuck releases of other tests must stay stuck). It stops with the test
+/// process, like the servers of the control plane.
+pub struct FluxPlunger {
+    /// Its log (console encoding).
+    pub log: std::path::PathBuf,
+    _server: testkit::process::Supervised,
+}
+
+impl FluxPlunger {
+    /// Starts `target/<profile>/flux-plunger` (`make e2e` builds it) watching
+    /// only `ns`, without leader election, and waits for its readiness probe.
+    pub async fn start(ns: &TestNamespace) -> Result<Self> {
+        use testkit::control_plane::{AuthInfo, control_plane, free_port, workspace_binary};
+        let binary = workspace_binary("flux-plunger")?;
+        // The supervisor removes the directory once flux-plunger stopped.
+        let dir = tempfile::Builder::new()
+            .prefix("flux-plunger-e2e-")
+            .tempdir()?
+            .keep();
+        let kubeconfig = dir.join("kubeconfig");
+        control_plane().write_kubeconfig(&kubeconfig, &AuthInfo::AdminCertificate)?;
+        let log = dir.join("flux-plunger.log");
+        let health = free_port()?;
+        let args = vec![
+            format!("--kubeconfig={}", kubeconfig.display()),
+            "--leader-elect=false".to_owned(),
+            format!("--watch-namespace={}", ns.name),
+            format!("--metrics-addr=127.0.0.1:{}", free_port()?),
+            format!("--health-addr=127.0.0.1:{health}"),
+            "--log-encoding=console".to_owned(),
+            "--log-level=debug".to_owned(),
+        ];
+        let server =
+            testkit::process::Supervised::spawn("flux-plunger", &binary, &args, &log, Some(&dir))?;
+        let running = Self {
+            log,
+            _server: server,
+        };
+        wait_for("flux-plunger's /readyz", || async {
+            Ok((http_status(health, "/readyz").await == Some(200)).then_some(()))
+        })
+        .await
+        .with_context(|| format!("flux-plunger's log:\n{}", running.log_text()))?;
+        Ok(running)
+    }
+
+    /// Everything flux-plunger logged so far.
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+async fn http_status(port: u16, path: &str) -> Option<u16> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .ok()?;
+    let request = format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.ok()?;
+    response.split_whitespace().nth(1)?.parse().ok()
+}

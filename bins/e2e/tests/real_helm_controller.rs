@@ -1,0 +1,477 @@
+//! Flux's real helm-controller (built from its Go module by `make tools`)
+//! against the local control plane: install, the stuck state flux-plunger
+//! exists to recover, the manual fix it automates, and helm-controller's
+//! delete handling — the orphaning the uninstall fence prevents.
+//!
+//! Which version runs: `$FLUX_PLUNGER_HELM_CONTROLLER_VERSION`, else the pin
+//! in `hack/tools/versions.mk`; `make e2e` runs this file once per version of
+//! `HELM_CONTROLLER_E2E_VERSIONS`. Every assertion below holds on each of them.
+//!
+//! The facts these tests pin (and that flux-plunger's simulated helm-controller
+//! reproduces), for a release of the demo chart (one ConfigMap):
+//! - the apiserver bumps `metadata.generation` on every spec change and on the
+//!   delete of a release held by a finalizer; helm-controller never writes it;
+//! - helm-controller writes `status.observedGeneration = metadata.generation`
+//!   after every pass that ends without an error — a suspended pass included —
+//!   and leaves it behind after a failed one (the stuck state);
+//! - on delete, a suspended release loses `finalizers.fluxcd.io` without a Helm
+//!   uninstall; with another finalizer holding it, the same pass then records
+//!   `observedGeneration = generation`, so "finalizer gone and generation
+//!   observed" does not by itself mean the uninstall ran;
+//! - a terminating release that is unsuspended is uninstalled on the next pass,
+//!   though `finalizers.fluxcd.io` is already gone.
+
+use anyhow::Result;
+use e2e::{
+    Observed, apply_as_flux_plunger, delete, install, is_stuck, make_stuck, observe,
+    remove_finalizer, set_greeting, set_suspend, wait_gone, wait_until,
+};
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::DeleteParams;
+use plunger::names::{FENCE_FINALIZER, HELM_CONTROLLER_FINALIZER, storage_secret_name};
+use std::collections::BTreeMap;
+use testkit::helm_storage::{revision_statuses, set_revision_status};
+use testkit::real_helm_controller::{demo_configmap, helm_controller, helmchart_exists, wait_for};
+use testkit::{TestNamespace, control_plane};
+
+const RELEASE: &str = "demo";
+
+async fn namespace(prefix: &str) -> Result<TestNamespace> {
+    helm_controller();
+    let client = control_plane().client().await?;
+    TestNamespace::create(&client, prefix).await
+}
+
+/// The `data` of the demo ConfigMap, or `None` if it does not exist.
+async fn configmap_data(ns: &TestNamespace) -> Result<Option<BTreeMap<String, String>>> {
+    Ok(demo_configmap(ns, RELEASE)
+        .await?
+        .map(|c| c.data.unwrap_or_default()))
+}
+
+fn greeting(value: &str) -> Option<BTreeMap<String, String>> {
+    Some(BTreeMap::from([("greeting".to_owned(), value.to_owned())]))
+}
+
+async fn storage(ns: &TestNamespace) -> Result<Vec<(u64, String)>> {
+    revision_statuses(&ns.secrets(), RELEASE).await
+}
+
+fn revisions(pairs: &[(u64, &str)]) -> Vec<(u64, String)> {
+    pairs.iter().map(|(r, s)| (*r, (*s).to_owned())).collect()
+}
+
+fn finalizers(names: &[&str]) -> Vec<String> {
+    names.iter().map(|f| (*f).to_owned()).collect()
+}
+
+fn condition(status: &str, reason: &str, message: String) -> Option<(String, String, String)> {
+    Some((status.to_owned(), reason.to_owned(), message))
+}
+
+fn install_succeeded(ns: &TestNamespace) -> Option<(String, String, String)> {
+    condition(
+        "True",
+        "InstallSucceeded",
+        format!(
+            "Helm install succeeded for release {}/{RELEASE}.v1 with chart demo@1.0.0",
+            ns.name
+        ),
+    )
+}
+
+fn stuck_condition(ns: &TestNamespace) -> Option<(String, String, String)> {
+    condition(
+        "False",
+        "UpgradeFailed",
+        format!(
+            "Helm upgrade failed for release {}/{RELEASE} with chart demo@1.0.0: \"{RELEASE}\" has no deployed releases",
+            ns.name
+        ),
+    )
+}
+
+#[tokio::test]
+async fn a_helmrelease_is_installed_by_the_real_helm_controller_and_becomes_ready() -> Result<()> {
+    let ns = namespace("e2e-install").await?;
+    let installed = install(&ns, RELEASE, "hello").await?;
+    assert_eq!(
+        installed,
+        Observed {
+            generation: 1,
+            observed_generation: Some(1),
+            finalizers: finalizers(&[HELM_CONTROLLER_FINALIZER]),
+            deleting: false,
+            suspend: false,
+            ready: install_succeeded(&ns),
+            storage_namespace: Some(ns.name.clone()),
+            history_len: 1,
+        }
+    );
+    assert_eq!(configmap_data(&ns).await?, greeting("hello"));
+    assert_eq!(storage(&ns).await?, revisions(&[(1, "deployed")]));
+    assert!(helmchart_exists(&ns, RELEASE).await?);
+    Ok(())
+}
+
+#[tokio::test]
+async fn an_upgrade_over_a_newest_revision_left_uninstalling_is_stuck_with_has_no_deployed_releases()
+-> Result<()> {
+    let ns = namespace("e2e-stuck").await?;
+    let stuck = make_stuck(&ns, RELEASE).await?;
+    assert_eq!(
+        stuck,
+        Observed {
+            generation: 3,
+            // The failed pass records no observedGeneration.
+            observed_generation: Some(2),
+            finalizers: finalizers(&[HELM_CONTROLLER_FINALIZER]),
+            deleting: false,
+            suspend: false,
+            ready: stuck_condition(&ns),
+            storage_namespace: Some(ns.name.clone()),
+            // "Unmanaged" cleared the history.
+            history_len: 0,
+        }
+    );
+    // Helm refused before writing anything: no revision 3, the objects of
+    // revision 2 untouched.
+    assert_eq!(
+        storage(&ns).await?,
+        revisions(&[(1, "superseded"), (2, "uninstalling")])
+    );
+    assert_eq!(configmap_data(&ns).await?, greeting("v2"));
+
+    // It stays stuck: helm-controller retries, and each retry fails the same.
+    let failed_passes = |ns: &TestNamespace| {
+        helm_controller()
+            .log_lines_with(&format!("\"namespace\": \"{}\"", ns.name))
+            .iter()
+            .filter(|l| l.contains("Reconciler error") && l.contains("has no deployed releases"))
+            .count()
+    };
+    wait_for("a second failed upgrade", || async {
+        Ok((failed_passes(&ns) >= 2).then_some(()))
+    })
+    .await?;
+    assert_eq!(observe(&ns, RELEASE).await?, Some(stuck));
+    assert_eq!(
+        storage(&ns).await?,
+        revisions(&[(1, "superseded"), (2, "uninstalling")])
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn suspending_deleting_the_newest_storage_secret_and_resuming_recovers_a_stuck_release()
+-> Result<()> {
+    let ns = namespace("e2e-fix").await?;
+    make_stuck(&ns, RELEASE).await?;
+
+    set_suspend(&ns, RELEASE, true).await?;
+    let suspended = wait_until(
+        &ns,
+        RELEASE,
+        "the suspension observed",
+        Observed::is_observed,
+    )
+    .await?;
+    // A suspended pass records observedGeneration and leaves conditions alone.
+    assert_eq!(
+        (suspended.generation, suspended.ready),
+        (4, stuck_condition(&ns))
+    );
+
+    ns.secrets()
+        .delete(&storage_secret_name(RELEASE, 2), &DeleteParams::default())
+        .await?;
+    set_suspend(&ns, RELEASE, false).await?;
+    let recovered =
+        wait_until(&ns, RELEASE, "recovered and Ready=True", Observed::is_ready).await?;
+    assert_eq!(
+        recovered,
+        Observed {
+            generation: 5,
+            observed_generation: Some(5),
+            finalizers: finalizers(&[HELM_CONTROLLER_FINALIZER]),
+            deleting: false,
+            suspend: false,
+            ready: condition(
+                "True",
+                "UpgradeSucceeded",
+                format!(
+                    "Helm upgrade succeeded for release {}/{RELEASE}.v2 with chart demo@1.0.0",
+                    ns.name
+                )
+            ),
+            storage_namespace: Some(ns.name.clone()),
+            history_len: 1,
+        }
+    );
+    // Helm upgraded from the `superseded` revision 1 and wrote revision 2 anew.
+    assert_eq!(
+        storage(&ns).await?,
+        revisions(&[(1, "superseded"), (2, "deployed")])
+    );
+    assert_eq!(configmap_data(&ns).await?, greeting("v3"));
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_newest_revision_statuses_that_leave_an_upgrade_stuck_are_uninstalling_unknown_and_uninstalled()
+-> Result<()> {
+    #[derive(Debug, PartialEq, Eq)]
+    enum Outcome {
+        Stuck,
+        Upgraded,
+    }
+    let cases = [
+        ("uninstalling", Outcome::Stuck),
+        ("unknown", Outcome::Stuck),
+        ("uninstalled", Outcome::Stuck),
+        ("failed", Outcome::Upgraded),
+        ("superseded", Outcome::Upgraded),
+        ("pending-install", Outcome::Upgraded),
+        ("pending-upgrade", Outcome::Upgraded),
+        ("pending-rollback", Outcome::Upgraded),
+    ];
+    let runs = cases.iter().map(|(status, _)| async move {
+        let ns = namespace("e2e-status").await?;
+        install(&ns, RELEASE, "hello").await?;
+        set_greeting(&ns, RELEASE, "v2").await?;
+        wait_until(&ns, RELEASE, "upgraded", Observed::is_ready).await?;
+        set_revision_status(&ns.secrets(), RELEASE, 2, status).await?;
+        set_greeting(&ns, RELEASE, "v3").await?;
+        let settled = wait_until(&ns, RELEASE, "upgraded or stuck", |o| {
+            o.is_ready() || is_stuck(o)
+        })
+        .await?;
+        let outcome = if is_stuck(&settled) {
+            Outcome::Stuck
+        } else {
+            Outcome::Upgraded
+        };
+        anyhow::Ok((outcome, storage(&ns).await?, configmap_data(&ns).await?))
+    });
+    let results = futures::future::try_join_all(runs).await?;
+    for ((status, expected), (outcome, stored, data)) in cases.iter().zip(results) {
+        assert_eq!(&outcome, expected, "newest revision {status}");
+        match outcome {
+            Outcome::Stuck => {
+                assert_eq!(stored, revisions(&[(1, "superseded"), (2, status)]));
+                assert_eq!(data, greeting("v2"), "newest revision {status}");
+            }
+            // A `pending-*` revision is first marked `failed` (helm-controller's
+            // unlock); then Helm upgrades from the `failed` or `superseded`
+            // newest revision, which ends `superseded`.
+            Outcome::Upgraded => {
+                assert_eq!(
+                    stored,
+                    revisions(&[(1, "superseded"), (2, "superseded"), (3, "deployed")]),
+                    "newest revision {status}"
+                );
+                assert_eq!(data, greeting("v3"), "newest revision {status}");
+            }
+        }
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn deleting_a_live_helmrelease_uninstalls_it() -> Result<()> {
+    let ns = namespace("e2e-del-live").await?;
+    install(&ns, RELEASE, "hello").await?;
+    delete(&ns, RELEASE).await?;
+    wait_gone(&ns, RELEASE).await?;
+    assert_eq!(configmap_data(&ns).await?, None);
+    assert_eq!(storage(&ns).await?, revisions(&[]));
+    assert!(!helmchart_exists(&ns, RELEASE).await?);
+    Ok(())
+}
+
+/// The bug flux-plunger's fence exists for: helm-controller's
+/// `reconcileDelete` runs the uninstall only `if !obj.Spec.Suspend`, and drops
+/// `finalizers.fluxcd.io` either way.
+#[tokio::test]
+async fn deleting_a_suspended_helmrelease_drops_the_finalizer_without_uninstalling() -> Result<()> {
+    let ns = namespace("e2e-del-suspended").await?;
+    install(&ns, RELEASE, "hello").await?;
+    set_suspend(&ns, RELEASE, true).await?;
+    let suspended = wait_until(
+        &ns,
+        RELEASE,
+        "the suspension observed",
+        Observed::is_observed,
+    )
+    .await?;
+    assert_eq!(suspended.generation, 2);
+
+    let deleting = delete(&ns, RELEASE)
+        .await?
+        .expect("held by helm-controller's finalizer");
+    // The delete of a release held by a finalizer bumps its generation.
+    assert_eq!(
+        (deleting.generation, deleting.deleting, deleting.finalizers),
+        (3, true, finalizers(&[HELM_CONTROLLER_FINALIZER]))
+    );
+    wait_gone(&ns, RELEASE).await?;
+
+    // Orphaned: the ConfigMap, Helm's storage and the HelmChart all remain.
+    assert_eq!(configmap_data(&ns).await?, greeting("hello"));
+    assert_eq!(storage(&ns).await?, revisions(&[(1, "deployed")]));
+    assert!(helmchart_exists(&ns, RELEASE).await?);
+    Ok(())
+}
+
+/// The fence at work, step by step as flux-plunger goes (SPEC §4 step 8,
+/// §5 a and d): suspend with the fence, the delete lands, lift the suspension
+/// keeping the fence, wait for the uninstall, drop the fence.
+#[tokio::test]
+async fn a_fenced_helmrelease_deleted_while_suspended_is_uninstalled_once_the_suspension_is_lifted()
+-> Result<()> {
+    let ns = namespace("e2e-del-fenced").await?;
+    install(&ns, RELEASE, "hello").await?;
+    let acquired = apply_as_flux_plunger(&ns, RELEASE, Some(true), true).await?;
+    assert_eq!(
+        (acquired.generation, acquired.suspend, acquired.finalizers),
+        (
+            2,
+            true,
+            finalizers(&[HELM_CONTROLLER_FINALIZER, FENCE_FINALIZER])
+        )
+    );
+    wait_until(
+        &ns,
+        RELEASE,
+        "the suspension observed",
+        Observed::is_observed,
+    )
+    .await?;
+
+    let deleting = delete(&ns, RELEASE).await?.expect("held by two finalizers");
+    assert_eq!((deleting.generation, deleting.deleting), (3, true));
+
+    // helm-controller handles the suspended delete: its finalizer goes, the
+    // uninstall does not run, and the pass records observedGeneration.
+    let skipped = wait_until(&ns, RELEASE, "helm-controller's suspended delete", |o| {
+        !o.has_helm_controller_finalizer() && o.is_observed()
+    })
+    .await?;
+    assert_eq!(
+        skipped,
+        Observed {
+            generation: 3,
+            observed_generation: Some(3),
+            finalizers: finalizers(&[FENCE_FINALIZER]),
+            deleting: true,
+            suspend: true,
+            ready: install_succeeded(&ns),
+            storage_namespace: Some(ns.name.clone()),
+            history_len: 1,
+        }
+    );
+    assert_eq!(configmap_data(&ns).await?, greeting("hello"));
+    assert_eq!(storage(&ns).await?, revisions(&[(1, "deployed")]));
+
+    // flux-plunger lifts its suspension and keeps the fence: the apply that
+    // leaves `spec.suspend` out unsets it (flux-plunger was its only owner).
+    let lifted = apply_as_flux_plunger(&ns, RELEASE, None, true).await?;
+    assert_eq!(
+        (
+            lifted.generation,
+            lifted.suspend,
+            lifted.observed_generation
+        ),
+        (4, false, Some(3))
+    );
+    let uninstalled = wait_until(&ns, RELEASE, "the unsuspended generation observed", |o| {
+        o.is_observed()
+    })
+    .await?;
+    assert_eq!(
+        uninstalled,
+        Observed {
+            generation: 4,
+            observed_generation: Some(4),
+            finalizers: finalizers(&[FENCE_FINALIZER]),
+            deleting: true,
+            suspend: false,
+            ready: condition(
+                "False",
+                "UninstallSucceeded",
+                format!(
+                    "Helm uninstall succeeded for release {}/{RELEASE}.v1 with chart demo@1.0.0",
+                    ns.name
+                )
+            ),
+            storage_namespace: None,
+            history_len: 0,
+        }
+    );
+    assert_eq!(configmap_data(&ns).await?, None);
+    assert_eq!(storage(&ns).await?, revisions(&[]));
+    assert!(!helmchart_exists(&ns, RELEASE).await?);
+
+    remove_finalizer(&ns, RELEASE, FENCE_FINALIZER).await?;
+    wait_gone(&ns, RELEASE).await
+}
+
+#[tokio::test]
+async fn a_fenced_helmrelease_deleted_while_live_is_uninstalled_at_once() -> Result<()> {
+    let ns = namespace("e2e-del-fenced-live").await?;
+    install(&ns, RELEASE, "hello").await?;
+    // Finalizers are metadata: adding the fence does not bump the generation.
+    let fenced = apply_as_flux_plunger(&ns, RELEASE, None, true).await?;
+    assert_eq!(fenced.generation, 1);
+
+    let deleting = delete(&ns, RELEASE).await?.expect("held by two finalizers");
+    assert_eq!((deleting.generation, deleting.deleting), (2, true));
+    let uninstalled = wait_until(&ns, RELEASE, "helm-controller's delete", |o| {
+        !o.has_helm_controller_finalizer() && o.is_observed()
+    })
+    .await?;
+    assert_eq!(
+        uninstalled,
+        Observed {
+            generation: 2,
+            observed_generation: Some(2),
+            finalizers: finalizers(&[FENCE_FINALIZER]),
+            deleting: true,
+            suspend: false,
+            ready: condition(
+                "False",
+                "UninstallSucceeded",
+                format!(
+                    "Helm uninstall succeeded for release {}/{RELEASE}.v1 with chart demo@1.0.0",
+                    ns.name
+                )
+            ),
+            storage_namespace: None,
+            history_len: 0,
+        }
+    );
+    assert_eq!(configmap_data(&ns).await?, None);
+    assert_eq!(storage(&ns).await?, revisions(&[]));
+    assert!(!helmchart_exists(&ns, RELEASE).await?);
+
+    remove_finalizer(&ns, RELEASE, FENCE_FINALIZER).await?;
+    wait_gone(&ns, RELEASE).await
+}
+
+#[tokio::test]
+async fn storage_secrets_carry_the_labels_and_type_flux_plunger_lists_by() -> Result<()> {
+    let ns = namespace("e2e-storage").await?;
+    install(&ns, RELEASE, "hello").await?;
+    let secret: Secret = ns.secrets().get(&storage_secret_name(RELEASE, 1)).await?;
+    assert_eq!(secret.type_.as_deref(), Some("helm.sh/release.v1"));
+    let labels = secret.metadata.labels.unwrap_or_default();
+    let expected = BTreeMap::from([
+        ("modifiedAt".to_owned(), labels["modifiedAt"].clone()),
+        ("name".to_owned(), RELEASE.to_owned()),
+        ("owner".to_owned(), "helm".to_owned()),
+        ("status".to_owned(), "deployed".to_owned()),
+        ("version".to_owned(), "1".to_owned()),
+    ]);
+    assert_eq!(labels, expected);
+    Ok(())
+}
