@@ -50,7 +50,6 @@ impl Sidecar {
         let started = Instant::now();
         let status = self.process.terminate(Duration::from_secs(150)).await?;
         let took = started.elapsed();
-        tokio::time::sleep(Duration::from_millis(100)).await;
         Ok((status, self.process.log(), took))
     }
 }

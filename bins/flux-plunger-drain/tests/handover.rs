@@ -202,7 +202,7 @@ async fn the_next_pod_writes_only_after_the_first_pods_drain_and_leads_seconds_l
     stuck(&ns, &hc, "late").await?;
     tokio::time::sleep(Duration::from_secs(3)).await;
     let (helm_controller, stop) = hc.clone().spawn(Duration::from_millis(300));
-    let drained = tokio::time::timeout(Duration::from_secs(70), a.drain.child.wait()).await??;
+    let drained = a.drain.wait(Duration::from_secs(70)).await?;
     let drain_ended = Instant::now();
     assert!(drained.success());
     assert!(

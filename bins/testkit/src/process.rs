@@ -107,6 +107,8 @@ impl Drop for Supervised {
 pub struct LoggedProcess {
     pub child: tokio::process::Child,
     log: std::sync::Arc<std::sync::Mutex<String>>,
+    /// Set once stderr reached its end: every line is in `log`.
+    read_all: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl LoggedProcess {
@@ -122,6 +124,8 @@ impl LoggedProcess {
         let log = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
         let mut lines = BufReader::new(child.stderr.take().context("no stderr")?).lines();
         let sink = log.clone();
+        let read_all = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let done = read_all.clone();
         let tag = tag.to_owned();
         tokio::spawn(async move {
             while let Ok(Some(line)) = lines.next_line().await {
@@ -130,8 +134,25 @@ impl LoggedProcess {
                 log.push_str(&line);
                 log.push('\n');
             }
+            done.store(true, std::sync::atomic::Ordering::SeqCst);
         });
-        Ok(Self { child, log })
+        Ok(Self {
+            child,
+            log,
+            read_all,
+        })
+    }
+
+    /// Waits (at most `timeout`) for the exit and for the last line it logged.
+    pub async fn wait(&mut self, timeout: std::time::Duration) -> Result<std::process::ExitStatus> {
+        let deadline = std::time::Instant::now() + timeout;
+        let status = tokio::time::timeout(timeout, self.child.wait()).await??;
+        while !self.read_all.load(std::sync::atomic::Ordering::SeqCst)
+            && std::time::Instant::now() < deadline
+        {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        Ok(status)
     }
 
     /// Everything logged so far.
