@@ -170,7 +170,7 @@ async fn release(args: ReleaseArgs) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::FAILURE)
         }
         Err(NotReleased::Failed(err)) => {
-            eprintln!("NOT released {key}: {err}");
+            eprintln!("NOT released {key}: {}", sweep::describe(&err));
             Ok(ExitCode::FAILURE)
         }
     }

@@ -238,6 +238,17 @@ impl Budget {
     }
 }
 
+/// An error as a report line shows it: for a refusal, the apiserver's message
+/// with its code and reason, without the whole status kube's `Display` appends.
+pub fn describe(err: &kube::Error) -> String {
+    match err {
+        kube::Error::Api(status) => {
+            format!("{} ({} {})", status.message, status.code, status.reason)
+        }
+        other => other.to_string(),
+    }
+}
+
 /// How the hook ended.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct HookReport {
@@ -270,7 +281,7 @@ where
                 if Instant::now() + delay >= budget.retry_until {
                     return Err(err);
                 }
-                tracing::warn!(error = %err, retry_in = ?delay, "{what} failed; retrying");
+                tracing::warn!(error = %describe(&err), retry_in = ?delay, "{what} failed; retrying");
                 tokio::time::sleep(delay).await;
                 delay = (delay * 2).min(Duration::from_secs(10));
             }
@@ -294,7 +305,8 @@ pub async fn run_hook(client: &Client, config: &HookConfig) -> HookReport {
         Ok(found) => found,
         Err(err) => {
             report.say(format!(
-                "could not read Deployment {target}: {err}; no fence was touched"
+                "could not read Deployment {target}: {}; no fence was touched",
+                describe(&err)
             ));
             return report;
         }
@@ -315,7 +327,8 @@ pub async fn run_hook(client: &Client, config: &HookConfig) -> HookReport {
             Ok(_) => report.say(format!("scaled Deployment {target} to 0")),
             Err(err) => {
                 report.say(format!(
-                    "could not scale Deployment {target} to 0: {err}; no fence was touched"
+                    "could not scale Deployment {target} to 0: {}; no fence was touched",
+                    describe(&err)
                 ));
                 return report;
             }
@@ -334,7 +347,7 @@ pub async fn run_hook(client: &Client, config: &HookConfig) -> HookReport {
             .await
             .map(|list| list.items.iter().map(|p| p.name_any()).collect());
         if let Err(err) = &remaining {
-            tracing::warn!(error = %err, "listing flux-plunger pods failed; retrying");
+            tracing::warn!(error = %describe(err), "listing flux-plunger pods failed; retrying");
         }
         if matches!(&remaining, Ok(names) if names.is_empty()) || Instant::now() >= wait_end {
             break;
@@ -353,8 +366,9 @@ pub async fn run_hook(client: &Client, config: &HookConfig) -> HookReport {
         }
         Err(err) => {
             report.say(format!(
-                "could not list the flux-plunger pods ({}): {err}; going on as if one may still run",
-                config.pod_selector
+                "could not list the flux-plunger pods ({}): {}; going on as if one may still run",
+                config.pod_selector,
+                describe(&err)
             ));
             true
         }
@@ -369,7 +383,8 @@ pub async fn run_hook(client: &Client, config: &HookConfig) -> HookReport {
         Ok(fenced) => fenced,
         Err(err) => {
             report.say(format!(
-                "could not list HelmReleases: {err}; no fence was touched"
+                "could not list HelmReleases: {}; no fence was touched",
+                describe(&err)
             ));
             return report;
         }
@@ -419,7 +434,8 @@ pub async fn run_hook(client: &Client, config: &HookConfig) -> HookReport {
             Err(err) => {
                 fences_after = true;
                 report.say(format!(
-                    "could not list again while a flux-plunger pod may still run: {err}"
+                    "could not list again while a flux-plunger pod may still run: {}",
+                    describe(&err)
                 ));
             }
         }
@@ -436,7 +452,7 @@ pub async fn run_hook(client: &Client, config: &HookConfig) -> HookReport {
             )),
             Err(kube::Error::Api(s)) if s.code == 404 => {}
             Err(err) => {
-                tracing::warn!(error = %err, "could not remove the leader Lease; it is inert")
+                tracing::warn!(error = %describe(&err), "could not remove the leader Lease; it is inert")
             }
         }
     }
@@ -465,7 +481,7 @@ pub struct Released {
 /// Why a release was not let go of.
 #[derive(Debug, thiserror::Error)]
 pub enum NotReleased {
-    #[error("{0}")]
+    #[error("{}", describe(.0))]
     Failed(kube::Error),
     /// [`Uninstall::MustNotSkip`], and the release is being deleted without
     /// helm-controller having uninstalled it.
@@ -507,7 +523,7 @@ pub async fn release_with_retry(
         if Instant::now() + delay >= budget.retry_until {
             return Err(NotReleased::Failed(err));
         }
-        tracing::warn!(release = %release.key(), error = %err, "releasing failed; reading again");
+        tracing::warn!(release = %release.key(), error = %describe(&err), "releasing failed; reading again");
         tokio::time::sleep(delay).await;
         delay = (delay * 2).min(Duration::from_secs(5));
         match budget.bounded(api.get_opt(&release.name)).await {
@@ -518,7 +534,7 @@ pub async fn release_with_retry(
                 });
             }
             Err(read) => {
-                tracing::warn!(release = %release.key(), error = %read, "reading again failed")
+                tracing::warn!(release = %release.key(), error = %describe(&read), "reading again failed")
             }
         }
     }
