@@ -84,6 +84,18 @@ $(CRDS)/.done: hack/tools/versions.mk
 	  install -m 0644 "$$dir"/config/crd/bases/helm.toolkit.fluxcd.io_helmreleases.yaml $(CRDS)/
 	touch $@
 
+# bats-core from npm into _out/npm, at the version pinned in versions.mk; the
+# stamp names the version, so a new pin installs again.
+NPM_PREFIX := $(OUT)/npm
+BATS := $(NPM_PREFIX)/node_modules/bats/bin/bats
+BATS_STAMP := $(NPM_PREFIX)/.bats-$(BATS_VERSION)
+$(BATS_STAMP):
+	$(call step,installing bats $(BATS_VERSION) from npm into $(NPM_PREFIX))
+	@command -v npm >/dev/null 2>&1 || { echo "npm is missing: bats is installed with it (Node.js 18 or later)" >&2; exit 1; }
+	mkdir -p $(NPM_PREFIX)
+	npm install --prefix $(NPM_PREFIX) --no-audit --no-fund --save-exact bats@$(BATS_VERSION)
+	touch $@
+
 ##@ Build
 
 .PHONY: build
@@ -111,7 +123,7 @@ image: ## Build the image (three static binaries, non-root, distroless) with Doc
 ##@ Test
 
 .PHONY: test
-test: test-log-reset lint tools test-unit test-envtest test-chart ## Run every test tier (what CI runs).
+test: test-log-reset lint tools test-unit test-envtest test-chart test-bats ## Run every test tier (what CI runs).
 	@echo ">> every test tier passed"
 	@hack/test-summary.sh $(TEST_LOG)
 
@@ -155,6 +167,13 @@ test-chart: tools ## The chart: helm lint --strict, helm-unittest (chart-tests/)
 	helm unittest --strict --skip-schema-validation -f '../$(CHART_TESTS)/without-schema/*_test.yaml' $(CHART) 2>&1 | tee $(TEST_LOG)/chart-unittest-noschema.log
 	$(call step,chart: contract tests (bins/chart-contract): the binaries' flags and timings against helm template; helm install into the local control plane)
 	cargo test --locked -p chart-contract --tests 2>&1 | tee $(TEST_LOG)/chart-contract.log
+	@hack/check-no-leftovers.sh
+
+.PHONY: test-bats
+test-bats: tools build $(BATS_STAMP) ## bats suites (bats/): flux-plunger-sweep as a process against the local control plane.
+	$(call step,bats: flux-plunger-sweep as a process against the local control plane (bats/; about a minute))
+	@mkdir -p $(TEST_LOG)
+	$(BATS) --tap --timing bats/ 2>&1 | tee $(TEST_LOG)/bats.log
 	@hack/check-no-leftovers.sh
 
 .PHONY: lint
