@@ -151,7 +151,7 @@ CHART_TESTS := chart-tests
 CHART_LINT_VALUES = $(wildcard $(CHART_TESTS)/values/*.yaml)
 
 .PHONY: test-chart
-test-chart: tools ## The chart: helm lint --strict, helm-unittest (chart-tests/), contract and install tests (bins/chart-contract).
+test-chart: tools build ## The chart: helm lint --strict, helm-unittest (chart-tests/), contract and install tests (bins/chart-contract).
 	$(call step,chart: helm lint --strict with the default values)
 	helm lint --strict --kube-version $(K8S_VERSION) $(CHART)
 	$(call step,chart: helm lint --strict with each value set in $(CHART_TESTS)/values/)
@@ -165,7 +165,7 @@ test-chart: tools ## The chart: helm lint --strict, helm-unittest (chart-tests/)
 	helm unittest --strict -f '../$(CHART_TESTS)/*_test.yaml' $(CHART) 2>&1 | tee $(TEST_LOG)/chart-unittest.log
 	$(call step,chart: helm-unittest suites in $(CHART_TESTS)/without-schema/ with --skip-schema-validation)
 	helm unittest --strict --skip-schema-validation -f '../$(CHART_TESTS)/without-schema/*_test.yaml' $(CHART) 2>&1 | tee $(TEST_LOG)/chart-unittest-noschema.log
-	$(call step,chart: contract tests (bins/chart-contract): the binaries' flags and timings against helm template; helm install into the local control plane)
+	$(call step,chart: contract tests (bins/chart-contract): the binaries' flags and timings against helm template; helm install and uninstall (its hook run for real) in the local control plane)
 	cargo test --locked -p chart-contract --tests 2>&1 | tee $(TEST_LOG)/chart-contract.log
 	@hack/check-no-leftovers.sh
 
