@@ -406,5 +406,21 @@ async fn helm_uninstall_fails_while_the_sweep_cannot_remove_a_fence() -> Result<
         Some(0),
         "stopped by the hook"
     );
+    // helm deletes the hooks before a failed one by their hook-succeeded
+    // policy: the next attempt creates the hook's identity again.
+    let hook_name = format!("{fullname}-pre-delete");
+    assert!(
+        Api::<ServiceAccount>::namespaced(setup.ns.client.clone(), ns)
+            .get_opt(&hook_name)
+            .await?
+            .is_none()
+    );
+    assert!(
+        Api::<Job>::namespaced(setup.ns.client.clone(), ns)
+            .get_opt(&hook_name)
+            .await?
+            .is_some(),
+        "the failed Job stays with its report"
+    );
     Ok(())
 }
