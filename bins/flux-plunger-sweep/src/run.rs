@@ -2,7 +2,7 @@
 
 use std::io::Write;
 use std::process::ExitCode;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use plunger::release::{ReleaseView, helmreleases};
 use plunger::sweep::{
@@ -150,10 +150,7 @@ async fn release(args: ReleaseArgs) -> anyhow::Result<ExitCode> {
     } else {
         Uninstall::MustNotSkip
     };
-    let budget = Budget {
-        retry_until: Instant::now() + RELEASE_RETRY_WINDOW,
-        finish_by: Instant::now() + RELEASE_RETRY_WINDOW + RELEASE_FINISH_MARGIN,
-    };
+    let budget = Budget::from_now(RELEASE_RETRY_WINDOW, RELEASE_FINISH_MARGIN);
     match sweep::release_with_retry(&client, release, budget, uninstall).await {
         Ok(released) if released.without_uninstall => {
             println!("released {key} WITHOUT an uninstall, as asked");

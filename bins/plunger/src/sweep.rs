@@ -202,11 +202,7 @@ pub struct HookConfig {
 impl HookConfig {
     /// The budget of a run starting now.
     pub fn budget(&self) -> Budget {
-        let retry_until = Instant::now() + self.retry_window;
-        Budget {
-            retry_until,
-            finish_by: retry_until + self.finish_margin,
-        }
+        Budget::from_now(self.retry_window, self.finish_margin)
     }
 }
 
@@ -223,6 +219,16 @@ pub struct Budget {
 }
 
 impl Budget {
+    /// Retries for `retry_window` from now, and `finish_margin` more for the
+    /// requests under way.
+    pub fn from_now(retry_window: Duration, finish_margin: Duration) -> Self {
+        let retry_until = Instant::now() + retry_window;
+        Self {
+            retry_until,
+            finish_by: retry_until + finish_margin,
+        }
+    }
+
     /// Runs one request, failing it if it is still pending at `finish_by`.
     pub async fn bounded<T>(
         &self,

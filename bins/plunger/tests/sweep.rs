@@ -53,11 +53,7 @@ async fn view(ns: &TestNamespace, name: &str) -> Result<ReleaseView> {
 }
 
 fn budget(retries: Duration) -> Budget {
-    let retry_until = Instant::now() + retries;
-    Budget {
-        retry_until,
-        finish_by: retry_until + Duration::from_secs(10),
-    }
+    Budget::from_now(retries, Duration::from_secs(10))
 }
 
 fn audit_lines() -> usize {
