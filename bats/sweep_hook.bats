@@ -240,6 +240,8 @@ EOF
   controller_pod "$FULLNAME-7d9f-abcde"
   release web
   fence web
+  # The pod goes after a second; a hook that missed it fails within 30 s.
+  export FLUX_PLUNGER_TEST_HOOK_POD_WAIT_SECONDS=30
 
   sweep_hook_in_background
   hook_logged "scaled Deployment $NS/$FULLNAME to 0"
@@ -345,8 +347,10 @@ EOF
 
   for grace in 40 140; do
     fence web
+    mapfile -t args < <(hook_args --set shutdownGracePeriodSeconds="$grace")
+    expect_eq "G=$grace: the Job's flag" "${args[6]}" "--shutdown-grace-period-seconds=$grace"
     started=$(date +%s%N)
-    run --separate-stderr sweep_hook --set shutdownGracePeriodSeconds="$grace"
+    run --separate-stderr env POD_NAMESPACE="$NS" KUBECONFIG="$HOOK_KUBECONFIG" "$SWEEP" "${args[@]}"
     took_ms=$((($(date +%s%N) - started) / 1000000))
 
     expect_status 0
@@ -358,7 +362,7 @@ released 1 of 1 fenced HelmReleases, 0 without an uninstall
 every fence was released
 EOF
     # A pod wait of G + 10 s (50 s, 150 s) cut at the 3 s window; the rest
-    # (rendering the args, starting the binary, the sweep itself) is quick.
+    # (one listing, one patch, the listing again) is quick.
     if [ "$took_ms" -lt 3000 ] || [ "$took_ms" -ge 5000 ]; then
       echo "G=$grace: the run took ${took_ms} ms, expected 3 s to 5 s" >&2
       return 1
