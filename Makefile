@@ -112,6 +112,18 @@ $(BIN)/helm-controller-%: hack/build-helm-controller.sh
 	$(call step,building helm-controller $* from github.com/fluxcd/helm-controller@$*)
 	hack/build-helm-controller.sh $* $@
 
+# bats-core from npm into _out/npm, at the version pinned in versions.mk; the
+# stamp names the version, so a new pin installs again.
+NPM_PREFIX := $(OUT)/npm
+BATS := $(NPM_PREFIX)/node_modules/bats/bin/bats
+BATS_STAMP := $(NPM_PREFIX)/.bats-$(BATS_VERSION)
+$(BATS_STAMP):
+	$(call step,installing bats $(BATS_VERSION) from npm into $(NPM_PREFIX))
+	@command -v npm >/dev/null 2>&1 || { echo "npm is missing: bats is installed with it (Node.js 18 or later)" >&2; exit 1; }
+	mkdir -p $(NPM_PREFIX)
+	npm install --prefix $(NPM_PREFIX) --no-audit --no-fund --save-exact bats@$(BATS_VERSION)
+	touch $@
+
 ##@ Build
 
 .PHONY: build
@@ -139,7 +151,7 @@ image: ## Build the image (three static binaries, non-root, distroless) with Doc
 ##@ Test
 
 .PHONY: test
-test: test-log-reset lint tools test-unit test-envtest test-chart e2e ## Run every test tier (what CI runs).
+test: test-log-reset lint tools test-unit test-envtest test-chart test-bats e2e ## Run every test tier (what CI runs).
 	@echo ">> every test tier passed"
 	@hack/test-summary.sh $(TEST_LOG)
 
@@ -170,7 +182,7 @@ CHART_TESTS := chart-tests
 CHART_LINT_VALUES = $(wildcard $(CHART_TESTS)/values/*.yaml)
 
 .PHONY: test-chart
-test-chart: tools ## The chart: helm lint --strict, helm-unittest (chart-tests/), contract and install tests (bins/chart-contract).
+test-chart: tools build ## The chart: helm lint --strict, helm-unittest (chart-tests/), contract and install tests (bins/chart-contract).
 	$(call step,chart: helm lint --strict with the default values)
 	helm lint --strict --kube-version $(K8S_VERSION) $(CHART)
 	$(call step,chart: helm lint --strict with each value set in $(CHART_TESTS)/values/)
@@ -184,7 +196,7 @@ test-chart: tools ## The chart: helm lint --strict, helm-unittest (chart-tests/)
 	helm unittest --strict -f '../$(CHART_TESTS)/*_test.yaml' $(CHART) 2>&1 | tee $(TEST_LOG)/chart-unittest.log
 	$(call step,chart: helm-unittest suites in $(CHART_TESTS)/without-schema/ with --skip-schema-validation)
 	helm unittest --strict --skip-schema-validation -f '../$(CHART_TESTS)/without-schema/*_test.yaml' $(CHART) 2>&1 | tee $(TEST_LOG)/chart-unittest-noschema.log
-	$(call step,chart: contract tests (bins/chart-contract): the binaries' flags and timings against helm template; helm install into the local control plane)
+	$(call step,chart: contract tests (bins/chart-contract): the binaries' flags and timings against helm template; helm install and uninstall (its hook run for real) in the local control plane)
 	cargo test --locked -p chart-contract --tests 2>&1 | tee $(TEST_LOG)/chart-contract.log
 	@hack/check-no-leftovers.sh
 
@@ -217,6 +229,13 @@ $(CARGO_MUTANTS):
 mutants: $(CARGO_MUTANTS) ## Mutation testing of the decision code (.cargo/mutants.toml); not part of make test.
 	$(call step,cargo mutants over bins/plunger's decision code)
 	$(CARGO_MUTANTS) mutants --package plunger --test-package plunger --output $(OUT)
+
+.PHONY: test-bats
+test-bats: tools build $(BATS_STAMP) ## bats suites (bats/): flux-plunger-sweep as a process against the local control plane.
+	$(call step,bats: flux-plunger-sweep as a process against the local control plane (bats/; about a minute))
+	@mkdir -p $(TEST_LOG)
+	$(BATS) --tap --timing bats/ 2>&1 | tee $(TEST_LOG)/bats.log
+	@hack/check-no-leftovers.sh
 
 .PHONY: lint
 lint: ## cargo fmt --check and clippy with warnings denied.

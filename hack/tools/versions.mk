@@ -16,3 +16,5 @@ HELM_CONTROLLER_E2E_VERSIONS := v1.6.4 v1.6.1 v1.4.0
 # watches) come from github.com/fluxcd/source-controller's config/crd/bases, at
 # the version helm-controller $(HELM_CONTROLLER_VERSION)'s go.mod requires for
 # github.com/fluxcd/source-controller/api (the api module carries no CRDs).
+# bats-core, from npm (package "bats"), for the bats suites in bats/.
+BATS_VERSION := 1.13.0

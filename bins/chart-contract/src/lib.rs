@@ -6,6 +6,8 @@
 //! install it into the local control plane.
 #![forbid(unsafe_code)]
 
+pub mod install;
+
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::Command;

@@ -3,12 +3,9 @@
 //! object it renders, the RBAC it grants lets each identity do exactly its
 //! job, and the pre-delete hook holds the uninstall until it has succeeded.
 
-use std::io::Write;
-use std::path::PathBuf;
-use std::process::{Command, Output, Stdio};
-
 use anyhow::{Context, Result, bail};
-use chart_contract::{Manifests, Render, chart_dir, helm, name};
+use chart_contract::install::{Setup, succeeded};
+use chart_contract::{Manifests, name};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::authorization::v1::{
     ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
@@ -20,93 +17,6 @@ use kube::Api;
 use kube::api::{Patch, PatchParams, PostParams};
 use plunger::names;
 use serde_json::{Value, json};
-use testkit::control_plane::{AuthInfo, tool};
-use testkit::{TestNamespace, control_plane};
-
-/// A namespace of its own, and an admin kubeconfig file for helm and kubectl.
-struct Setup {
-    ns: TestNamespace,
-    _dir: tempfile::TempDir,
-    kubeconfig: PathBuf,
-}
-
-impl Setup {
-    async fn new(prefix: &str) -> Result<Self> {
-        let plane = control_plane();
-        let ns = TestNamespace::create(&plane.client().await?, prefix).await?;
-        let dir = tempfile::tempdir()?;
-        let kubeconfig = dir.path().join("kubeconfig");
-        plane.write_kubeconfig(&kubeconfig, &AuthInfo::AdminCertificate)?;
-        Ok(Self {
-            ns,
-            _dir: dir,
-            kubeconfig,
-        })
-    }
-
-    /// The release is named after the namespace, so that the cluster-scoped
-    /// objects of tests running side by side do not collide.
-    fn release(&self) -> &str {
-        &self.ns.name
-    }
-
-    fn fullname(&self) -> String {
-        format!("{}-flux-plunger", self.release())
-    }
-
-    fn helm(&self, args: &[&str]) -> Result<Output> {
-        let mut cmd = helm()?;
-        cmd.args(args)
-            .arg("--namespace")
-            .arg(&self.ns.name)
-            .arg("--kubeconfig")
-            .arg(&self.kubeconfig);
-        Ok(cmd.output()?)
-    }
-
-    fn install(&self, extra: &[&str]) -> Result<()> {
-        let chart = chart_dir().display().to_string();
-        let mut args = vec!["install", self.release(), chart.as_str()];
-        args.extend_from_slice(extra);
-        succeeded(self.helm(&args)?, "helm install")
-    }
-
-    /// `kubectl ARGS -f -` with `stdin`.
-    fn kubectl_stdin(&self, args: &[&str], stdin: &str) -> Result<Output> {
-        let mut child = Command::new(tool("kubectl")?)
-            .arg("--kubeconfig")
-            .arg(&self.kubeconfig)
-            .arg("--namespace")
-            .arg(&self.ns.name)
-            .args(args)
-            .args(["-f", "-"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()?;
-        child
-            .stdin
-            .take()
-            .context("kubectl stdin")?
-            .write_all(stdin.as_bytes())?;
-        Ok(child.wait_with_output()?)
-    }
-
-    fn render(&self) -> Render {
-        Render::new(self.release(), &self.ns.name)
-    }
-}
-
-fn succeeded(output: Output, what: &str) -> Result<()> {
-    if !output.status.success() {
-        bail!(
-            "{what} failed: {}{}",
-            String::from_utf8_lossy(&output.stdout),
-            String::from_utf8_lossy(&output.stderr)
-        );
-    }
-    Ok(())
-}
 
 fn not_found<T>(result: kube::Result<T>) -> bool {
     matches!(result, Err(kube::Error::Api(s)) if s.code == 404)

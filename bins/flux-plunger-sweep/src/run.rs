@@ -2,12 +2,19 @@
 
 use std::io::Write;
 use std::process::ExitCode;
-use std::time::Instant;
+use std::time::Duration;
 
 use plunger::release::{ReleaseView, helmreleases};
-use plunger::sweep::{self, HookConfig, ReleasePlan, Row, Suspension};
+use plunger::sweep::{
+    self, Budget, HookConfig, NotReleased, ReleasePlan, Row, Suspension, Uninstall,
+};
 
 use crate::cli::{Command, HookArgs, ListArgs, Output, ReleaseArgs};
+
+/// How long `release` retries a release that keeps changing or a refused write.
+const RELEASE_RETRY_WINDOW: Duration = Duration::from_secs(30);
+/// How long its last request may then take.
+const RELEASE_FINISH_MARGIN: Duration = Duration::from_secs(10);
 
 pub async fn run(command: Command) -> anyhow::Result<ExitCode> {
     match command {
@@ -34,7 +41,8 @@ async fn hook(args: HookArgs) -> anyhow::Result<ExitCode> {
         lease: args.leader_election_lease_name,
         retry_window: plunger::test_hooks::hook_retry_window_override()
             .unwrap_or(timings.hook_retry_window),
-        pod_wait: timings.hook_pod_wait,
+        pod_wait: plunger::test_hooks::hook_pod_wait_override().unwrap_or(timings.hook_pod_wait),
+        finish_margin: timings.hook_finish_margin,
     };
     let report = sweep::run_hook(&client, &config).await;
     let mut out = std::io::stdout().lock();
@@ -132,19 +140,18 @@ async fn release(args: ReleaseArgs) -> anyhow::Result<ExitCode> {
         );
         return Ok(ExitCode::SUCCESS);
     }
-    if plan.without_uninstall && !args.without_uninstall {
-        eprintln!(
-            "refusing: {key} is being deleted and helm-controller has not uninstalled it; releasing the fence now lets it go without the Helm uninstall. Wait for helm-controller, or pass --without-uninstall once you have confirmed the uninstall has run or is not wanted."
-        );
-        return Ok(ExitCode::FAILURE);
-    }
     if release.suspend && !plan.lift_suspension {
         println!(
             "{key}: its suspension is held by another manager (alone or with flux-plunger) and is left as it is"
         );
     }
-    let deadline = Instant::now() + std::time::Duration::from_secs(30);
-    match sweep::release_with_retry(&client, release, deadline).await {
+    let uninstall = if args.without_uninstall {
+        Uninstall::MaySkip
+    } else {
+        Uninstall::MustNotSkip
+    };
+    let budget = Budget::from_now(RELEASE_RETRY_WINDOW, RELEASE_FINISH_MARGIN);
+    match sweep::release_with_retry(&client, release, budget, uninstall).await {
         Ok(released) if released.without_uninstall => {
             println!("released {key} WITHOUT an uninstall, as asked");
             Ok(ExitCode::SUCCESS)
@@ -153,8 +160,14 @@ async fn release(args: ReleaseArgs) -> anyhow::Result<ExitCode> {
             println!("released {key}");
             Ok(ExitCode::SUCCESS)
         }
-        Err((_, err)) => {
-            eprintln!("NOT released {key}: {err}");
+        Err(NotReleased::WouldSkipUninstall) => {
+            eprintln!(
+                "refusing: {key} is being deleted and helm-controller has not uninstalled it; releasing the fence now lets it go without the Helm uninstall. Wait for helm-controller, or pass --without-uninstall once you have confirmed the uninstall has run or is not wanted."
+            );
+            Ok(ExitCode::FAILURE)
+        }
+        Err(NotReleased::Failed(err)) => {
+            eprintln!("NOT released {key}: {}", sweep::describe(&err));
             Ok(ExitCode::FAILURE)
         }
     }

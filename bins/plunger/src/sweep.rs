@@ -32,17 +32,22 @@ pub struct ReleasePlan {
     pub lift_suspension: bool,
     /// Indices of the fence in `metadata.finalizers` (it may appear twice).
     pub fence_indices: Vec<usize>,
-    /// The release is being deleted and helm-controller has not uninstalled
-    /// it: letting it go now skips the uninstall.
+    /// The release is being deleted, helm-controller has not uninstalled it,
+    /// and the fence is all that holds it: letting it go now skips the
+    /// uninstall. (Lifting a suspension alone skips nothing: helm-controller
+    /// uninstalls only an unsuspended release.)
     pub without_uninstall: bool,
 }
 
 impl ReleasePlan {
     pub fn of(release: &ReleaseView) -> Self {
+        let fence_indices = release.fence_indices();
         Self {
             lift_suspension: release.suspend && release.suspend_owned_by_us_alone(),
-            fence_indices: release.fence_indices(),
-            without_uninstall: release.terminating && !release.uninstall_reached(),
+            without_uninstall: !fence_indices.is_empty()
+                && release.terminating
+                && !release.uninstall_reached(),
+            fence_indices,
         }
     }
 
@@ -189,6 +194,65 @@ pub struct HookConfig {
     pub retry_window: Duration,
     /// How long to wait for the pods after scaling down.
     pub pod_wait: Duration,
+    /// How long past the window a last attempt may still run: no request
+    /// outlives the window plus this margin.
+    pub finish_margin: Duration,
+}
+
+impl HookConfig {
+    /// The budget of a run starting now.
+    pub fn budget(&self) -> Budget {
+        Budget::from_now(self.retry_window, self.finish_margin)
+    }
+}
+
+/// How long a sweep may take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Budget {
+    /// Failed steps are retried until here.
+    pub retry_until: Instant,
+    /// Every request ends by here, answered or not: a request the apiserver
+    /// never answers (the client sets no read timeout) fails as timed out, so
+    /// the run ends with its report instead of being killed at the Job's
+    /// deadline.
+    pub finish_by: Instant,
+}
+
+impl Budget {
+    /// Retries for `retry_window` from now, and `finish_margin` more for the
+    /// requests under way.
+    pub fn from_now(retry_window: Duration, finish_margin: Duration) -> Self {
+        let retry_until = Instant::now() + retry_window;
+        Self {
+            retry_until,
+            finish_by: retry_until + finish_margin,
+        }
+    }
+
+    /// Runs one request, failing it if it is still pending at `finish_by`.
+    pub async fn bounded<T>(
+        &self,
+        request: impl std::future::Future<Output = kube::Result<T>>,
+    ) -> kube::Result<T> {
+        match tokio::time::timeout_at(self.finish_by.into(), request).await {
+            Ok(result) => result,
+            Err(_) => Err(kube::Error::Service(Box::new(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "no answer from the apiserver before the sweep's time ran out",
+            )))),
+        }
+    }
+}
+
+/// An error as a report line shows it: for a refusal, the apiserver's message
+/// with its code and reason, without the whole status kube's `Display` appends.
+pub fn describe(err: &kube::Error) -> String {
+    match err {
+        kube::Error::Api(status) => {
+            format!("{} ({} {})", status.message, status.code, status.reason)
+        }
+        other => other.to_string(),
+    }
 }
 
 /// How the hook ended.
@@ -208,21 +272,22 @@ impl HookReport {
     }
 }
 
-/// Retries `op` with backoff until it succeeds or `deadline` passes.
-async fn retry<T, F, Fut>(deadline: Instant, what: &str, mut op: F) -> kube::Result<T>
+/// Retries `op` with backoff until it succeeds or the budget's retries end;
+/// one attempt is always made.
+async fn retry<T, F, Fut>(budget: Budget, what: &str, mut op: F) -> kube::Result<T>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = kube::Result<T>>,
 {
     let mut delay = Duration::from_millis(500);
     loop {
-        match op().await {
+        match budget.bounded(op()).await {
             Ok(value) => return Ok(value),
             Err(err) => {
-                if Instant::now() + delay >= deadline {
+                if Instant::now() + delay >= budget.retry_until {
                     return Err(err);
                 }
-                tracing::warn!(error = %err, retry_in = ?delay, "{what} failed; retrying");
+                tracing::warn!(error = %describe(&err), retry_in = ?delay, "{what} failed; retrying");
                 tokio::time::sleep(delay).await;
                 delay = (delay * 2).min(Duration::from_secs(10));
             }
@@ -232,14 +297,13 @@ where
 
 /// SPEC §8: the pre-delete hook.
 pub async fn run_hook(client: &Client, config: &HookConfig) -> HookReport {
-    let started = Instant::now();
-    let window_end = started + config.retry_window;
+    let budget = config.budget();
     let mut report = HookReport::default();
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), &config.namespace);
     let target = format!("{}/{}", config.namespace, config.deployment);
 
     // 1. Stop flux-plunger.
-    let deployment = match retry(window_end, "reading the Deployment", || {
+    let deployment = match retry(budget, "reading the Deployment", || {
         deployments.get_opt(&config.deployment)
     })
     .await
@@ -247,7 +311,8 @@ pub async fn run_hook(client: &Client, config: &HookConfig) -> HookReport {
         Ok(found) => found,
         Err(err) => {
             report.say(format!(
-                "could not read Deployment {target}: {err}; no fence was touched"
+                "could not read Deployment {target}: {}; no fence was touched",
+                describe(&err)
             ));
             return report;
         }
@@ -260,7 +325,7 @@ pub async fn run_hook(client: &Client, config: &HookConfig) -> HookReport {
             field_manager: Some(SWEEP_FIELD_MANAGER.to_owned()),
             ..PatchParams::default()
         };
-        match retry(window_end, "scaling the Deployment to 0", || {
+        match retry(budget, "scaling the Deployment to 0", || {
             deployments.patch_scale(&config.deployment, &params, &scale)
         })
         .await
@@ -268,7 +333,8 @@ pub async fn run_hook(client: &Client, config: &HookConfig) -> HookReport {
             Ok(_) => report.say(format!("scaled Deployment {target} to 0")),
             Err(err) => {
                 report.say(format!(
-                    "could not scale Deployment {target} to 0: {err}; no fence was touched"
+                    "could not scale Deployment {target} to 0: {}; no fence was touched",
+                    describe(&err)
                 ));
                 return report;
             }
@@ -276,32 +342,46 @@ pub async fn run_hook(client: &Client, config: &HookConfig) -> HookReport {
     }
 
     // 2. Wait for its pods, at most the pod wait and never past the window.
+    // Until a listing succeeds nothing is known: a pod may run.
     let pods: Api<Pod> = Api::namespaced(client.clone(), &config.namespace);
-    let wait_end = (Instant::now() + config.pod_wait).min(window_end);
-    let mut remaining = Vec::new();
+    let wait_end = (Instant::now() + config.pod_wait).min(budget.retry_until);
+    let selector = ListParams::default().labels(&config.pod_selector);
+    let mut remaining: Result<Vec<String>, kube::Error>;
     loop {
-        match pods
-            .list(&ListParams::default().labels(&config.pod_selector))
+        remaining = budget
+            .bounded(pods.list(&selector))
             .await
-        {
-            Ok(list) => remaining = list.items.iter().map(|p| p.name_any()).collect(),
-            Err(err) => tracing::warn!(error = %err, "listing flux-plunger pods failed; retrying"),
+            .map(|list| list.items.iter().map(|p| p.name_any()).collect());
+        if let Err(err) = &remaining {
+            tracing::warn!(error = %describe(err), "listing flux-plunger pods failed; retrying");
         }
-        if remaining.is_empty() || Instant::now() >= wait_end {
+        if matches!(&remaining, Ok(names) if names.is_empty()) || Instant::now() >= wait_end {
             break;
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
-    let pod_may_run = !remaining.is_empty();
-    for pod in &remaining {
-        report.say(format!(
-            "pod {}/{pod} is still there after the wait (stuck Terminating on a NotReady node?): going on; it may still set fences",
-            config.namespace
-        ));
-    }
+    let pod_may_run = match remaining {
+        Ok(names) => {
+            for pod in &names {
+                report.say(format!(
+                    "pod {}/{pod} is still there after the wait (stuck Terminating on a NotReady node?): going on; it may still set fences",
+                    config.namespace
+                ));
+            }
+            !names.is_empty()
+        }
+        Err(err) => {
+            report.say(format!(
+                "could not list the flux-plunger pods ({}): {}; going on as if one may still run",
+                config.pod_selector,
+                describe(&err)
+            ));
+            true
+        }
+    };
 
     // 3. Release every fence.
-    let fenced = match retry(window_end, "listing fenced HelmReleases", || {
+    let fenced = match retry(budget, "listing fenced HelmReleases", || {
         list_fenced(client)
     })
     .await
@@ -309,23 +389,23 @@ pub async fn run_hook(client: &Client, config: &HookConfig) -> HookReport {
         Ok(fenced) => fenced,
         Err(err) => {
             report.say(format!(
-                "could not list HelmReleases: {err}; no fence was touched"
+                "could not list HelmReleases: {}; no fence was touched",
+                describe(&err)
             ));
             return report;
         }
     };
     report.fenced = fenced.len();
     for release in fenced {
-        match release_with_retry(client, release, window_end).await {
+        let key = release.key();
+        match release_with_retry(client, release, budget, Uninstall::MaySkip).await {
             Ok(Released {
-                key,
                 without_uninstall: false,
             }) => {
                 report.released += 1;
                 report.say(format!("released {key}"));
             }
             Ok(Released {
-                key,
                 without_uninstall: true,
             }) => {
                 report.released += 1;
@@ -334,7 +414,7 @@ pub async fn run_hook(client: &Client, config: &HookConfig) -> HookReport {
                     "released {key} WITHOUT an uninstall: it was being deleted and helm-controller had not uninstalled it; its resources may be left"
                 ));
             }
-            Err((key, err)) => report.say(format!("NOT released {key}: {err}")),
+            Err(err) => report.say(format!("NOT released {key}: {err}")),
         }
     }
 
@@ -347,7 +427,7 @@ pub async fn run_hook(client: &Client, config: &HookConfig) -> HookReport {
     // 5. A pod that may still run may have set fences meanwhile.
     let mut fences_after = false;
     if pod_may_run {
-        match list_fenced(client).await {
+        match budget.bounded(list_fenced(client)).await {
             Ok(again) if again.is_empty() => {}
             Ok(again) => {
                 fences_after = true;
@@ -360,21 +440,25 @@ pub async fn run_hook(client: &Client, config: &HookConfig) -> HookReport {
             Err(err) => {
                 fences_after = true;
                 report.say(format!(
-                    "could not list again while a flux-plunger pod may still run: {err}"
+                    "could not list again while a flux-plunger pod may still run: {}",
+                    describe(&err)
                 ));
             }
         }
     } else {
         // Beyond the original: no flux-plunger is left, so its Lease goes too.
         let leases: Api<Lease> = Api::namespaced(client.clone(), &config.namespace);
-        match leases.delete(&config.lease, &DeleteParams::default()).await {
+        match budget
+            .bounded(leases.delete(&config.lease, &DeleteParams::default()))
+            .await
+        {
             Ok(_) => report.say(format!(
                 "removed the leader Lease {}/{}",
                 config.namespace, config.lease
             )),
             Err(kube::Error::Api(s)) if s.code == 404 => {}
             Err(err) => {
-                tracing::warn!(error = %err, "could not remove the leader Lease; it is inert")
+                tracing::warn!(error = %describe(&err), "could not remove the leader Lease; it is inert")
             }
         }
     }
@@ -384,54 +468,80 @@ pub async fn run_hook(client: &Client, config: &HookConfig) -> HookReport {
     report
 }
 
+/// Whether a release may be let go of before helm-controller uninstalled it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Uninstall {
+    /// The hook: the chart is going, a fence left behind would be stranded.
+    MaySkip,
+    /// `release` without `--without-uninstall`: refuse, on every read.
+    MustNotSkip,
+}
+
 /// A release let go of.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Released {
-    pub key: String,
+    /// It was being deleted and helm-controller had not uninstalled it.
     pub without_uninstall: bool,
 }
 
-/// Releases one HelmRelease, reading it again after a conflict, until the
-/// window ends.
+/// Why a release was not let go of.
+#[derive(Debug, thiserror::Error)]
+pub enum NotReleased {
+    #[error("{}", describe(.0))]
+    Failed(kube::Error),
+    /// [`Uninstall::MustNotSkip`], and the release is being deleted without
+    /// helm-controller having uninstalled it.
+    #[error(
+        "it is being deleted and helm-controller has not uninstalled it: releasing it now skips the Helm uninstall"
+    )]
+    WouldSkipUninstall,
+}
+
+/// Releases one HelmRelease, reading it again after a failure (a 409 or a
+/// failed `test` means it changed since the read), until the budget's
+/// retries end.
 pub async fn release_with_retry(
     client: &Client,
     mut release: ReleaseView,
-    deadline: Instant,
-) -> Result<Released, (String, kube::Error)> {
-    let key = release.key();
+    budget: Budget,
+    uninstall: Uninstall,
+) -> Result<Released, NotReleased> {
     let api = helmreleases(client.clone(), &release.namespace);
     let mut delay = Duration::from_millis(250);
     loop {
         let plan = ReleasePlan::of(&release);
-        if plan.fence_indices.is_empty() {
+        if plan.is_empty() {
             return Ok(Released {
-                key,
                 without_uninstall: false,
             });
         }
-        let err = match release_one(client, &release, &plan).await {
+        if plan.without_uninstall && uninstall == Uninstall::MustNotSkip {
+            return Err(NotReleased::WouldSkipUninstall);
+        }
+        let err = match budget.bounded(release_one(client, &release, &plan)).await {
             Ok(()) => {
                 return Ok(Released {
-                    key,
                     without_uninstall: plan.without_uninstall,
                 });
             }
             Err(err) => err,
         };
-        if Instant::now() + delay >= deadline {
-            return Err((key, err));
+        if Instant::now() + delay >= budget.retry_until {
+            return Err(NotReleased::Failed(err));
         }
-        tracing::warn!(release = %key, error = %err, "releasing failed; reading again");
+        tracing::warn!(release = %release.key(), error = %describe(&err), "releasing failed; reading again");
         tokio::time::sleep(delay).await;
         delay = (delay * 2).min(Duration::from_secs(5));
-        match api.get_opt(&release.name).await {
+        match budget.bounded(api.get_opt(&release.name)).await {
             Ok(Some(object)) => release = ReleaseView::from_object(&object),
             Ok(None) => {
                 return Ok(Released {
-                    key,
                     without_uninstall: false,
                 });
             }
-            Err(read) => tracing::warn!(release = %key, error = %read, "reading again failed"),
+            Err(read) => {
+                tracing::warn!(release = %release.key(), error = %describe(&read), "reading again failed")
+            }
         }
     }
 }
@@ -530,6 +640,22 @@ mod tests {
             !ReleasePlan::of(&r).without_uninstall,
             "a live release loses nothing"
         );
+    }
+
+    #[test]
+    fn lifting_only_a_suspension_of_a_deleted_release_skips_no_uninstall() {
+        let mut r = release(&[("flux-plunger", "Apply")], &["finalizers.fluxcd.io"]);
+        r.terminating = true;
+        assert_eq!(
+            ReleasePlan::of(&r),
+            ReleasePlan {
+                lift_suspension: true,
+                fence_indices: vec![],
+                without_uninstall: false,
+            },
+            "unsuspended, helm-controller can now run the uninstall"
+        );
+        assert!(!ReleasePlan::of(&r).is_empty());
     }
 
     #[test]

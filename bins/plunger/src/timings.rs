@@ -26,6 +26,14 @@ pub const HELM_CONTROLLER_UNINSTALL_TIMEOUT: Duration = Duration::from_secs(300)
 pub const HOOK_ACTIVE_DEADLINE: Duration = Duration::from_secs(240);
 /// The window inside which the hook retries its reads and writes.
 pub const HOOK_RETRY_WINDOW: Duration = Duration::from_secs(180);
+/// How long past its retry window the hook may still be finishing: a last
+/// attempt started inside the window, each release's one attempt after a
+/// window spent waiting, the final listing. No request outlives it.
+pub const HOOK_FINISH_MARGIN: Duration = Duration::from_secs(30);
+/// What the hook's budget leaves of the Job's deadline for the pod to be
+/// scheduled and its container started (the deadline counts from the Job's
+/// start, not the process's).
+pub const HOOK_POD_START_ALLOWANCE: Duration = Duration::from_secs(30);
 /// How long a finished hook Job is kept so that its report can be read.
 pub const HOOK_TTL_AFTER_FINISHED: Duration = Duration::from_secs(600);
 /// Extra wait for the controller pods beyond their grace period.
@@ -75,6 +83,7 @@ pub struct Timings {
     /// The pre-delete hook's budget.
     pub hook_active_deadline: Duration,
     pub hook_retry_window: Duration,
+    pub hook_finish_margin: Duration,
     pub hook_pod_wait: Duration,
     pub hook_ttl_after_finished: Duration,
     /// The fence's re-check cadence and the warning threshold.
@@ -119,6 +128,7 @@ impl Timings {
             lease_retry_period: LEASE_RETRY_PERIOD,
             hook_active_deadline: HOOK_ACTIVE_DEADLINE,
             hook_retry_window: HOOK_RETRY_WINDOW,
+            hook_finish_margin: HOOK_FINISH_MARGIN,
             hook_pod_wait: grace_period + HOOK_POD_WAIT_MARGIN,
             hook_ttl_after_finished: HOOK_TTL_AFTER_FINISHED,
             fence_recheck_interval: FENCE_RECHECK_INTERVAL,
@@ -173,6 +183,35 @@ mod tests {
             );
             assert!(t.lease_renew_deadline < t.lease_duration, "G={g}");
             assert!(t.lease_retry_period < t.lease_renew_deadline, "G={g}");
+        }
+    }
+
+    /// The hook's longest run: the Deployment read and scale retried inside
+    /// the window, the pod wait (G + 10 s) cut at the window's end, then the
+    /// listing and the releases, whose retries also end with the window; a
+    /// request still pending at window + finish margin fails at once. So a
+    /// run never outlives window + margin, whatever G is, and what is left of
+    /// the Job's deadline is the room for its pod to start.
+    #[test]
+    fn the_hook_ends_inside_its_job_deadline_for_every_grace_period() {
+        for g in MIN_GRACE_PERIOD_SECONDS..=MAX_GRACE_PERIOD_SECONDS {
+            let t = Timings::from_grace_period(g).unwrap();
+            let pod_wait = t.hook_pod_wait.min(t.hook_retry_window);
+            assert_eq!(
+                pod_wait, t.hook_pod_wait,
+                "G={g}: the pod wait is never cut"
+            );
+            assert!(
+                t.hook_retry_window - pod_wait >= Duration::from_secs(30),
+                "G={g}: at least 30 s of the window are left for retries after the longest pod wait"
+            );
+            let longest_run = t.hook_retry_window + t.hook_finish_margin;
+            assert_eq!(longest_run, Duration::from_secs(210), "G={g}");
+            assert!(
+                longest_run + HOOK_POD_START_ALLOWANCE <= t.hook_active_deadline,
+                "G={g}: {longest_run:?} + pod start {HOOK_POD_START_ALLOWANCE:?} within {:?}",
+                t.hook_active_deadline
+            );
         }
     }
 

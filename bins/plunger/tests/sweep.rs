@@ -1,0 +1,263 @@
+//! The sweep's library against a real apiserver (SPEC §8): what a release
+//! that changes under the sweep, or an apiserver that never answers, does to
+//! it. The binary itself is exercised as a process by the bats suite.
+
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+use kube::api::{DeleteParams, Patch, PatchParams};
+use plunger::names::{
+    FENCE_FINALIZER, FIELD_MANAGER, HELM_CONTROLLER_FINALIZER, HELMRELEASE_API_VERSION,
+    HELMRELEASE_KIND,
+};
+use plunger::release::ReleaseView;
+use plunger::sweep::{
+    Budget, HookConfig, NotReleased, Released, Uninstall, release_with_retry, run_hook,
+};
+use serde_json::{Value, json};
+use testkit::{TestNamespace, control_plane};
+
+async fn namespace(prefix: &str) -> Result<TestNamespace> {
+    TestNamespace::create(&control_plane().client().await?, prefix).await
+}
+
+/// A release holding flux-plunger's suspension and fence, as a recovery
+/// that stopped midway leaves it; helm-controller's finalizer first.
+async fn held(ns: &TestNamespace, name: &str, suspend: bool) -> Result<ReleaseView> {
+    ns.create_release(name, json!({})).await?;
+    ns.releases()
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"finalizers": [HELM_CONTROLLER_FINALIZER]}})),
+        )
+        .await?;
+    let mut body = json!({"apiVersion": HELMRELEASE_API_VERSION, "kind": HELMRELEASE_KIND,
+        "metadata": {"name": name, "finalizers": [FENCE_FINALIZER]}});
+    if suspend {
+        body["spec"] = json!({"suspend": true});
+    }
+    let object = ns
+        .releases()
+        .patch(
+            name,
+            &PatchParams::apply(FIELD_MANAGER),
+            &Patch::Apply(body),
+        )
+        .await?;
+    Ok(ReleaseView::from_object(&object))
+}
+
+async fn view(ns: &TestNamespace, name: &str) -> Result<ReleaseView> {
+    Ok(ReleaseView::from_object(&ns.releases().get(name).await?))
+}
+
+fn budget(retries: Duration) -> Budget {
+    Budget::from_now(retries, Duration::from_secs(10))
+}
+
+fn audit_lines() -> usize {
+    std::fs::read_to_string(control_plane().audit_log())
+        .unwrap_or_default()
+        .lines()
+        .count()
+}
+
+/// (verb, response code) of every request on the release, in order, after
+/// the first `skip` lines of the audit log.
+fn audited_requests(ns: &str, name: &str, skip: usize) -> Vec<(String, i64)> {
+    let text = std::fs::read_to_string(control_plane().audit_log()).unwrap_or_default();
+    text.lines()
+        .skip(skip)
+        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+        .filter(|e| e["stage"] == "ResponseComplete")
+        .filter(|e| e["objectRef"]["resource"] == "helmreleases")
+        .filter(|e| e["objectRef"]["namespace"] == ns && e["objectRef"]["name"] == name)
+        .map(|e| {
+            (
+                e["verb"].as_str().unwrap_or_default().to_owned(),
+                e["responseStatus"]["code"].as_i64().unwrap_or_default(),
+            )
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_release_that_changed_after_its_read_is_read_again_and_then_released() -> Result<()> {
+    let ns = namespace("sweep-conflict").await?;
+    let stale = held(&ns, "web", true).await?;
+    // Someone writes between the sweep's listing and its patch.
+    ns.releases()
+        .patch(
+            "web",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"team": "payments"}}})),
+        )
+        .await?;
+    let skip = audit_lines();
+
+    let released = release_with_retry(
+        &ns.client,
+        stale,
+        budget(Duration::from_secs(10)),
+        Uninstall::MaySkip,
+    )
+    .await?;
+
+    // Read before the checks below add reads of their own.
+    let mut requests = Vec::new();
+    testkit::eventually(
+        Duration::from_secs(10),
+        "the requests reach the audit log",
+        || {
+            requests = audited_requests(&ns.name, "web", skip);
+            let count = requests.len();
+            async move { Ok(count >= 3) }
+        },
+    )
+    .await?;
+    assert_eq!(
+        requests,
+        vec![
+            ("patch".to_owned(), 422),
+            ("get".to_owned(), 200),
+            ("patch".to_owned(), 200)
+        ],
+        "the stale patch is refused by its resourceVersion test, the release read again, the new patch lands"
+    );
+    assert_eq!(
+        released,
+        Released {
+            without_uninstall: false
+        }
+    );
+    let now = ns.releases().get("web").await?;
+    assert_eq!(
+        now.metadata.finalizers,
+        Some(vec![HELM_CONTROLLER_FINALIZER.to_owned()])
+    );
+    assert_eq!(now.data["spec"].get("suspend"), None);
+    assert_eq!(
+        now.metadata.labels.unwrap_or_default().get("team").cloned(),
+        Some("payments".to_owned()),
+        "the write in between is kept"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn release_refuses_a_release_found_deleted_and_not_uninstalled_when_it_reads_again()
+-> Result<()> {
+    let ns = namespace("sweep-refuse").await?;
+    let live = held(&ns, "web", false).await?;
+    // Deleted between the operator's read and the patch; helm-controller has
+    // not run the uninstall (its finalizer is still there).
+    ns.releases()
+        .delete("web", &DeleteParams::default())
+        .await?;
+
+    let result = release_with_retry(
+        &ns.client,
+        live,
+        budget(Duration::from_secs(10)),
+        Uninstall::MustNotSkip,
+    )
+    .await;
+
+    assert!(
+        matches!(result, Err(NotReleased::WouldSkipUninstall)),
+        "{result:?}"
+    );
+    let now = view(&ns, "web").await?;
+    assert!(now.terminating);
+    assert_eq!(
+        now.finalizers,
+        vec![HELM_CONTROLLER_FINALIZER, FENCE_FINALIZER],
+        "the fence still holds the release for its uninstall"
+    );
+    testkit::strip_fences(&ns).await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_suspension_flux_plunger_alone_holds_is_lifted_even_without_a_fence() -> Result<()> {
+    let ns = namespace("sweep-bare-suspension").await?;
+    held(&ns, "web", true).await?;
+    // The fence alone was removed by hand, the suspension is still ours.
+    ns.releases()
+        .patch(
+            "web",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"finalizers": [HELM_CONTROLLER_FINALIZER]}})),
+        )
+        .await?;
+    let before = view(&ns, "web").await?;
+    assert!(before.suspended_by_us() && !before.has_fence());
+
+    let released = release_with_retry(
+        &ns.client,
+        before,
+        budget(Duration::from_secs(10)),
+        Uninstall::MustNotSkip,
+    )
+    .await?;
+
+    assert_eq!(
+        released,
+        Released {
+            without_uninstall: false
+        }
+    );
+    let now = view(&ns, "web").await?;
+    assert!(!now.suspend, "the suspension was lifted");
+    assert_eq!(now.finalizers, vec![HELM_CONTROLLER_FINALIZER]);
+    Ok(())
+}
+
+/// An apiserver that accepts connections and never answers: a request to it
+/// hangs until the client gives up, and kube's client sets no read timeout.
+async fn black_hole() -> Result<(String, tokio::task::JoinHandle<()>)> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let url = format!("http://{}", listener.local_addr()?);
+    let task = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((socket, _)) = listener.accept().await {
+            held.push(socket);
+        }
+    });
+    Ok((url, task))
+}
+
+#[tokio::test]
+async fn a_hook_whose_apiserver_never_answers_ends_at_its_window_plus_the_finish_margin()
+-> Result<()> {
+    let (url, server) = black_hole().await?;
+    let client = kube::Client::try_from(kube::Config::new(url.parse()?))?;
+    let config = HookConfig {
+        namespace: "flux-system".into(),
+        deployment: "flux-plunger".into(),
+        pod_selector: "app.kubernetes.io/name=flux-plunger".into(),
+        lease: "flux-plunger".into(),
+        retry_window: Duration::from_secs(1),
+        pod_wait: Duration::from_secs(100),
+        finish_margin: Duration::from_secs(2),
+    };
+    let started = Instant::now();
+
+    let report = run_hook(&client, &config).await;
+
+    let took = started.elapsed();
+    server.abort();
+    assert!(
+        took >= Duration::from_secs(3) && took < Duration::from_millis(3500),
+        "the one pending read is given up at window + margin: {took:?}"
+    );
+    assert!(!report.success);
+    assert_eq!(
+        report.lines,
+        vec![
+            "could not read Deployment flux-system/flux-plunger: ServiceError: no answer from the apiserver before the sweep's time ran out; no fence was touched"
+        ]
+    );
+    Ok(())
+}
