@@ -262,6 +262,13 @@ pub fn may_take_suspension(release: &ReleaseView) -> bool {
     !release.terminating && !release.suspend
 }
 
+/// Whether a release read again mid-recovery is still the one we hold: the
+/// same uid, live, under our suspension and our fence. Only then may a step
+/// that met a 409 be sent again instead of undoing the recovery.
+pub fn still_held(release: &ReleaseView, uid: &str) -> bool {
+    release.uid == uid && !release.terminating && release.suspended_by_us() && release.has_fence()
+}
+
 /// SPEC §4.11: go on to delete the storage Secret only if the release, read
 /// again right before, is still there and not being deleted.
 pub fn may_delete_storage(release: Option<&ReleaseView>) -> bool {

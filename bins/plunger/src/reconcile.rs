@@ -88,6 +88,10 @@ pub struct TestHooks {
     >,
 }
 
+/// How many 409s a step taken under our suspension reads through before it
+/// gives up (and the recovery is undone and retried).
+const MAX_CONFLICTS_WHILE_HELD: u32 = 5;
+
 /// Everything a reconcile needs.
 pub struct Reconciler {
     client: Client,
@@ -424,12 +428,33 @@ impl Reconciler {
         storage_client: &Client,
     ) -> Result<Outcome, Error> {
         self.pause_at_step(Step::Acquired).await;
-        apply::annotate(&self.client, &held, target.revision, below_uid)
-            .await
-            .map_err(|source| Error::Annotate {
-                key: held.key(),
+        let mut current = held;
+        let mut conflicts = 0;
+        loop {
+            let source =
+                match apply::annotate(&self.client, &current, target.revision, below_uid).await {
+                    Ok(_) => break,
+                    Err(source) => source,
+                };
+            // helm-controller writes status right after each suspension, so the
+            // annotation's lock often meets a newer resourceVersion. While the
+            // release is the same, live, and still under our suspension and
+            // fence, read it again and carry on instead of undoing everything.
+            if is_api_code(&source, 409) && conflicts < MAX_CONFLICTS_WHILE_HELD {
+                conflicts += 1;
+                if let Some(again) = self.read(&current.namespace, &current.name).await?
+                    && decide::still_held(&again, &current.uid)
+                {
+                    current = again;
+                    continue;
+                }
+            }
+            return Err(Error::Annotate {
+                key: current.key(),
                 source,
-            })?;
+            });
+        }
+        let held = current;
         self.pause_at_step(Step::Annotated).await;
 
         let recheck = self.read(&held.namespace, &held.name).await?;
@@ -458,7 +483,7 @@ impl Reconciler {
             }
         }
         tracing::info!(release = %release.key(), secret = %target.name, "deleted the newest storage revision");
-        self.lift(&release, false).await?;
+        self.finish(release.clone()).await?;
         let event = EventSpec {
             warning: false,
             reason: reasons::RECOVERED,
@@ -475,6 +500,32 @@ impl Reconciler {
         Ok(Outcome::Recovered {
             revision: target.revision,
         })
+    }
+
+    /// SPEC §4.13: gives up the suspension and the fence together. A 409
+    /// (helm-controller's status write) is met by reading again: while the
+    /// suspension is still ours on the live release, the lift is sent again;
+    /// if a delete came meanwhile, §5 decides (the fence stays).
+    async fn finish(&self, mut release: ReleaseView) -> Result<(), Error> {
+        let mut conflicts = 0;
+        loop {
+            match self.lift(&release, false).await {
+                Ok(()) => return Ok(()),
+                Err(err) if err.is_conflict() && conflicts < MAX_CONFLICTS_WHILE_HELD => {
+                    conflicts += 1;
+                    let Some(again) = self.read(&release.namespace, &release.name).await? else {
+                        return Ok(());
+                    };
+                    if !decide::still_held(&again, &release.uid) {
+                        let decision = decide::decide(&again, &self.clock(&again));
+                        self.carry_out(&again, decision).await?;
+                        return Ok(());
+                    }
+                    release = again;
+                }
+                Err(err) => return Err(err),
+            }
+        }
     }
 
     fn acquire_claim(&self) -> Claim {

@@ -1526,3 +1526,86 @@ async fn a_revision_made_later_under_the_number_below_is_told_from_the_one_that_
     assert!(w.revisions().await?.is_empty());
     Ok(())
 }
+
+#[tokio::test]
+async fn a_storage_secret_rewritten_after_the_listing_is_never_deleted() -> Result<()> {
+    let w = world("secret-preconditions").await?;
+    w.stuck_release("web", &[(1, "uninstalling")]).await?;
+    let secrets = w.ns.secrets();
+    let reconciler = w.reconciler_pausing(Step::Annotated, move || {
+        let secrets = secrets.clone();
+        async move {
+            // Helm rewrites the revision between our listing and our delete.
+            secrets
+                .patch(
+                    "sh.helm.release.v1.web.v1",
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"metadata": {"labels": {"status": "deployed"}}})),
+                )
+                .await
+                .unwrap();
+        }
+        .boxed()
+    });
+
+    let err = reconciler.reconcile(&w.ns.name, "web").await.unwrap_err();
+
+    assert_eq!(err.kind(), "delete_storage", "{err}");
+    assert!(
+        err.is_conflict(),
+        "refused by its resourceVersion precondition: {err}"
+    );
+    assert_eq!(w.revisions().await?, vec!["sh.helm.release.v1.web.v1"]);
+    assert_let_go(&w.get("web").await?.unwrap());
+    Ok(())
+}
+
+/// helm-controller writes status right after each suspension; a recovery that
+/// meets it reads again and carries on, once, instead of undoing and retrying.
+#[tokio::test]
+async fn a_status_write_by_helm_controller_mid_recovery_is_read_through_not_undone() -> Result<()> {
+    let w = world("status-race").await?;
+    for (name, step) in [
+        ("at-annotation", Step::Acquired),
+        ("at-lift", Step::BeforeLift),
+    ] {
+        w.stuck_release(name, &[(1, "superseded"), (2, "uninstalling")])
+            .await?;
+        let hc = w.hc.clone();
+        let target = name.to_owned();
+        let reconciler = w.reconciler_pausing(step, move || {
+            let hc = hc.clone();
+            let target = target.clone();
+            async move {
+                // helm-controller's suspended pass: observedGeneration written.
+                assert_eq!(hc.handle(&target).await.unwrap(), Handled::SkippedSuspended);
+            }
+            .boxed()
+        });
+        let skip = audit_lines();
+
+        assert_eq!(
+            reconciler.reconcile(&w.ns.name, name).await?,
+            Outcome::Recovered { revision: 2 },
+            "{name}"
+        );
+
+        assert_let_go(&w.get(name).await?.unwrap());
+        assert!(
+            w.ns.events_for(name)
+                .await?
+                .iter()
+                .any(|e| e.reason == "Recovered"),
+            "{name}"
+        );
+        let suspensions = audited_applies(&w.ns.name, skip)
+            .iter()
+            .filter(|b| b["metadata"]["name"] == name && b["spec"]["suspend"] == true)
+            .count();
+        assert_eq!(
+            suspensions, 1,
+            "{name}: suspended once, not undone and retried"
+        );
+    }
+    Ok(())
+}
