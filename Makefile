@@ -246,8 +246,11 @@ lint: ## cargo fmt --check and clippy with warnings denied.
 ##@ Run
 
 .PHONY: demo
-demo: tools ## Start the local control plane and show it (Ctrl-C stops it).
-	cargo run --locked -q -p testkit --bin local-control-plane
+demo: tools ## Show flux-plunger at work: a local control plane, Flux's real helm-controller, a recovery and the fence holding a delete (about a minute; Ctrl-C stops it).
+	$(call step,building flux-plunger (a test build: the demo pauses it mid-recovery to show the fence))
+	cargo build --locked --workspace --bins
+	$(call step,running the demo)
+	cargo run --locked -q -p e2e --bin demo
 
 .PHONY: bench
 bench: tools ## Figures (not tests): drain, handover and sweep times on the local control plane, release builds.

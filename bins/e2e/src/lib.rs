@@ -259,6 +259,15 @@ impl FluxPlunger {
     /// Starts `target/<profile>/flux-plunger` (`make e2e` builds it) watching
     /// only `ns`, without leader election, and waits for its readiness probe.
     pub async fn start(ns: &TestNamespace) -> Result<Self> {
+        Self::start_with_env(ns, &[]).await
+    }
+
+    /// As [`FluxPlunger::start`], with `env` added (the test builds' pause
+    /// points: `FLUX_PLUNGER_TEST_PAUSE_AT`, `FLUX_PLUNGER_TEST_PAUSE_FILE`).
+    pub async fn start_with_env(
+        ns: &TestNamespace,
+        env: &[(&str, &std::path::Path)],
+    ) -> Result<Self> {
         use testkit::control_plane::{AuthInfo, control_plane, free_port, workspace_binary};
         let binary = workspace_binary("flux-plunger")?;
         // The supervisor removes the directory once flux-plunger stopped.
@@ -279,8 +288,14 @@ impl FluxPlunger {
             "--log-encoding=console".to_owned(),
             "--log-level=debug".to_owned(),
         ];
-        let server =
-            testkit::process::Supervised::spawn("flux-plunger", &binary, &args, &log, Some(&dir))?;
+        let server = testkit::process::Supervised::spawn_with_env(
+            "flux-plunger",
+            &binary,
+            &args,
+            env,
+            &log,
+            Some(&dir),
+        )?;
         let running = Self {
             log,
             _server: server,

@@ -418,10 +418,14 @@ use serde::Deserialize;
 /// --workspace` builds every package's binaries).
 pub fn workspace_binary(name: &str) -> Result<PathBuf> {
     let exe = std::env::current_exe()?;
-    let dir = exe
+    // A test binary lives in target/<profile>/deps, a binary (the demo, the
+    // bench) in target/<profile>.
+    let mut dir = exe
         .parent()
-        .and_then(Path::parent)
-        .context("the test binary is not in target/<profile>/deps")?;
+        .context("the running binary has no directory")?;
+    if dir.file_name().is_some_and(|n| n == "deps") {
+        dir = dir.parent().context("deps/ has no parent")?;
+    }
     let path = dir.join(name);
     if !path.is_file() {
         bail!(
