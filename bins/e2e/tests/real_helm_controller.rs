@@ -475,3 +475,68 @@ async fn storage_secrets_carry_the_labels_and_type_flux_plunger_lists_by() -> Re
     assert_eq!(labels, expected);
     Ok(())
 }
+
+/// Beyond the original (SPEC §9): flux-plunger computes where a release's Helm
+/// storage is from the spec alone, exactly as helm-controller names it — a
+/// `targetNamespace` prefix, shortened past 53 characters.
+#[tokio::test]
+async fn flux_plunger_computes_the_helm_release_name_the_real_helm_controller_uses() -> Result<()> {
+    use kube::api::PostParams;
+    use plunger::release::ReleaseView;
+    use plunger::storage::{StorageLocation, default_release_name, shorten_release_name};
+    testkit::real_helm_controller::helm_controller();
+    let client = testkit::control_plane().client().await?;
+    let ns = testkit::TestNamespace::create(&client, "e2e-identity").await?;
+    let target = testkit::TestNamespace::create(&client, "e2e-identity-target").await?;
+    let name = "a-release-whose-name-is-long-enough";
+    let mut release = testkit::real_helm_controller::demo_release(
+        &ns.name,
+        name,
+        serde_json::json!({"greeting": "hi"}),
+    );
+    release["spec"]["targetNamespace"] = serde_json::json!(target.name);
+    let object: kube::api::DynamicObject = serde_json::from_value(release)?;
+    ns.releases()
+        .create(&PostParams::default(), &object)
+        .await?;
+    testkit::real_helm_controller::serve_demo_chart(&ns, name).await?;
+    let ready = e2e::wait_until(
+        &ns,
+        name,
+        "installed and Ready=True",
+        e2e::Observed::is_ready,
+    )
+    .await?;
+    assert!(ready.is_ready());
+
+    let view = ReleaseView::from_object(&ns.releases().get(name).await?);
+    let computed = shorten_release_name(&default_release_name(&view));
+    assert!(
+        default_release_name(&view).len() > 53,
+        "the name is long enough to be shortened"
+    );
+    assert_eq!(
+        view.status_latest_history_name.as_deref(),
+        Some(computed.as_str()),
+        "helm-controller's name"
+    );
+    assert_eq!(
+        view.status_storage_namespace.as_deref(),
+        Some(ns.name.as_str())
+    );
+    // And the storage is where flux-plunger looks for it, from the spec alone.
+    let mut spec_only = view.clone();
+    spec_only.status_latest_history_name = None;
+    spec_only.status_storage_namespace = None;
+    let location = StorageLocation::of(&spec_only);
+    assert_eq!(
+        location,
+        StorageLocation {
+            namespace: ns.name.clone(),
+            release_name: computed.clone()
+        }
+    );
+    let stored = testkit::helm_storage::revision_statuses(&ns.secrets(), &computed).await?;
+    assert_eq!(stored, vec![(1, "deployed".to_owned())]);
+    Ok(())
+}
