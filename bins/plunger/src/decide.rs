@@ -209,6 +209,8 @@ pub enum SkipReason {
     AlreadyProcessed { latest: u64, processed: u64 },
     /// The newest revision is deployed: deleting it would lose a good release.
     LatestIsDeployed { latest: u64 },
+    /// The newest revision's status does not explain the stuck state.
+    StatusDoesNotExplain { latest: u64, status: String },
     /// The release lives in a remote cluster that cannot be reached or used.
     RemoteClusterUnusable { why: String },
 }
@@ -238,7 +240,32 @@ pub fn plan_recovery(release: &ReleaseView, revisions: &[StorageRevision]) -> Re
             latest: latest.revision,
         });
     }
+    if !status_explains_stuck(&latest.status) {
+        return RecoveryPlan::Skip(SkipReason::StatusDoesNotExplain {
+            latest: latest.revision,
+            status: latest.status.clone(),
+        });
+    }
     RecoveryPlan::Reclaim(latest.clone())
+}
+
+/// Whether a newest revision in `status` explains "has no deployed releases".
+/// Helm refuses an upgrade when the newest revision is not `deployed` and no
+/// revision is: from `uninstalling`, `uninstalled` and `unknown` (seen with
+/// the real helm-controller), and from `failed` or `pending-*` ones when no
+/// deployed revision is left behind them. A `superseded` newest revision, or a
+/// status Helm does not write, does not explain it: leave such storage alone.
+pub fn status_explains_stuck(status: &str) -> bool {
+    matches!(
+        status,
+        "uninstalling"
+            | "uninstalled"
+            | "unknown"
+            | "failed"
+            | "pending-install"
+            | "pending-upgrade"
+            | "pending-rollback"
+    )
 }
 
 /// The revision just below `target`, whose uid the annotation records.

@@ -533,3 +533,32 @@ fn a_release_is_still_held_only_if_same_live_ours_and_fenced() {
         "someone else's"
     );
 }
+
+#[test]
+fn only_a_newest_revision_whose_status_explains_the_error_is_reclaimed() {
+    for status in [
+        "uninstalling",
+        "uninstalled",
+        "unknown",
+        "failed",
+        "pending-install",
+        "pending-upgrade",
+        "pending-rollback",
+    ] {
+        assert_eq!(
+            plan_recovery(&stuck(release()), &[revision(3, status)]),
+            RecoveryPlan::Reclaim(revision(3, status)),
+            "{status}"
+        );
+    }
+    for status in ["superseded", "", "something-else"] {
+        assert_eq!(
+            plan_recovery(&stuck(release()), &[revision(3, status)]),
+            RecoveryPlan::Skip(SkipReason::StatusDoesNotExplain {
+                latest: 3,
+                status: status.into()
+            }),
+            "{status:?}"
+        );
+    }
+}
