@@ -1,0 +1,132 @@
+//! Least privilege, for real: with the chart installed, the controller and the
+//! drain sidecar do their whole job under the chart's own ServiceAccount and
+//! nothing but the chart's rendered RBAC (a token of that ServiceAccount on
+//! the RBAC-enabled local apiserver).
+
+use std::time::Duration;
+
+use anyhow::Result;
+use chart_contract::install::Setup;
+use kube::api::{Patch, PatchParams};
+use plunger::names::{
+    FENCE_FINALIZER, FIELD_MANAGER, HELMRELEASE_API_VERSION, HELMRELEASE_KIND,
+    PROCESSED_VERSION_ANNOTATION,
+};
+use plunger::release::ReleaseView;
+use serde_json::json;
+use testkit::control_plane::{AuthInfo, workspace_binary};
+use testkit::process::LoggedProcess;
+use testkit::{Handled, SimulatedHelmController, TestNamespace, control_plane, eventually};
+use tokio::process::Command;
+
+const POD: &str = "flux-plunger-6d5f7-abcde";
+
+#[tokio::test]
+async fn the_controller_and_the_drain_need_nothing_beyond_the_charts_rbac() -> Result<()> {
+    let _turn = testkit::cluster_wide_turn().await;
+    let setup = Setup::new("least-privilege").await?;
+    setup.install(&[])?;
+    let plane = control_plane();
+    let admin = plane.client().await?;
+    // The ServiceAccount the chart created, and only what the chart grants it.
+    let token = plane
+        .service_account_token(&admin, &setup.ns.name, &setup.fullname())
+        .await?;
+    let dir = tempfile::tempdir()?;
+    let kubeconfig = dir.path().join("chart-sa.kubeconfig");
+    plane.write_kubeconfig(&kubeconfig, &AuthInfo::Token(token))?;
+
+    let apps = TestNamespace::create(&admin, "least-privilege-apps").await?;
+    let hc = SimulatedHelmController::new(admin.clone(), &apps.name);
+    apps.create_release("web", json!({})).await?;
+    assert_eq!(hc.handle("web").await?, Handled::AddedFinalizer);
+    apps.create_storage_secret("web", 1, "superseded").await?;
+    apps.create_storage_secret("web", 2, "uninstalling").await?;
+    apps.mark_stuck("web").await?;
+
+    // The controller as the chart runs it: leader election in the release
+    // namespace, the chart's Lease name.
+    let common = [
+        format!("--kubeconfig={}", kubeconfig.display()),
+        format!("--leader-election-lease-name={}", setup.fullname()),
+        "--log-encoding=console".to_owned(),
+    ];
+    let mut command = Command::new(workspace_binary("flux-plunger")?);
+    command
+        .args(&common)
+        .args([
+            "--leader-elect=true",
+            "--metrics-addr=127.0.0.1:0",
+            "--health-addr=127.0.0.1:0",
+        ])
+        .env("POD_NAME", POD)
+        .env("POD_NAMESPACE", &setup.ns.name)
+        .env_remove("RUST_LOG");
+    let mut controller = LoggedProcess::spawn(command, "controller")?;
+    eventually(
+        Duration::from_secs(60),
+        "the stuck release is recovered",
+        || async {
+            let view = ReleaseView::from_object(&apps.releases().get("web").await?);
+            Ok(view
+                .annotations
+                .get(PROCESSED_VERSION_ANNOTATION)
+                .map(String::as_str)
+                == Some("2")
+                && !view.suspend
+                && !view.has_fence())
+        },
+    )
+    .await?;
+    assert!(
+        apps.secrets()
+            .get_opt("sh.helm.release.v1.web.v2")
+            .await?
+            .is_none()
+    );
+    let events = apps.events_for("web").await?;
+    assert!(
+        events.iter().any(|e| e.reason == "Recovered"),
+        "events are written too: {events:?}"
+    );
+    assert!(!controller.logged("Forbidden"), "{}", controller.log());
+
+    // A fence left by a stop mid-recovery, drained by the sidecar under the same identity.
+    apps.create_release("mid", json!({})).await?;
+    let body = json!({"apiVersion": HELMRELEASE_API_VERSION, "kind": HELMRELEASE_KIND,
+        "metadata": {"name": "mid", "finalizers": [FENCE_FINALIZER]}, "spec": {"suspend": true}});
+    apps.releases()
+        .patch(
+            "mid",
+            &PatchParams::apply(FIELD_MANAGER),
+            &Patch::Apply(body),
+        )
+        .await?;
+    assert!(
+        controller
+            .terminate(Duration::from_secs(15))
+            .await?
+            .success()
+    );
+    let mut command = Command::new(workspace_binary("flux-plunger-drain")?);
+    command
+        .args(&common)
+        .env("POD_NAME", POD)
+        .env("POD_NAMESPACE", &setup.ns.name)
+        .env_remove("RUST_LOG");
+    let mut drain = LoggedProcess::spawn(command, "drain")?;
+    drain
+        .wait_logged("idle until SIGTERM", Duration::from_secs(20))
+        .await?;
+    assert!(drain.terminate(Duration::from_secs(90)).await?.success());
+    assert!(
+        drain.logged("drain complete: no fence left"),
+        "{}",
+        drain.log()
+    );
+    assert!(drain.logged("handed the Lease over"), "{}", drain.log());
+    let mid = ReleaseView::from_object(&apps.releases().get("mid").await?);
+    assert!(!mid.suspend && !mid.has_fence());
+    assert!(!drain.logged("Forbidden"), "{}", drain.log());
+    Ok(())
+}
