@@ -11,10 +11,9 @@ use std::time::{Duration, Instant};
 
 use futures::{StreamExt, stream};
 use kube::Client;
-use kube::api::ListParams;
 
 use crate::reconcile::{Outcome, Reconciler};
-use crate::release::{ReleaseView, all_helmreleases};
+use crate::release::{ReleaseView, list_all};
 
 /// How often held releases are looked at again while helm-controller works.
 const POLL: Duration = Duration::from_millis(500);
@@ -34,26 +33,10 @@ pub struct DrainReport {
     pub final_listing_succeeded: bool,
 }
 
-/// The fenced releases, listed from the apiserver.
+/// The fenced releases, listed from the apiserver (finalizers cannot be
+/// selected server-side: list and filter).
 pub async fn list_fenced(client: &Client) -> kube::Result<Vec<ReleaseView>> {
-    // Finalizers cannot be selected on server-side; list and filter. The
-    // listing is paginated, so memory stays bounded with many releases.
-    let api = all_helmreleases(client.clone());
-    let mut fenced = Vec::new();
-    let mut params = ListParams::default().limit(500);
-    loop {
-        let page = api.list(&params).await?;
-        fenced.extend(
-            page.items
-                .iter()
-                .map(ReleaseView::from_object)
-                .filter(ReleaseView::has_fence),
-        );
-        match page.metadata.continue_ {
-            Some(token) if !token.is_empty() => params = params.continue_token(&token),
-            _ => return Ok(fenced),
-        }
-    }
+    list_all(client, |release| release.has_fence().then_some(release)).await
 }
 
 /// Drains until every fence is gone or `deadline` passes.

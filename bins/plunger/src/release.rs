@@ -319,6 +319,31 @@ pub fn helmreleases(client: kube::Client, namespace: &str) -> kube::Api<DynamicO
     kube::Api::namespaced_with(client, namespace, &helmrelease_resource())
 }
 
+/// Every HelmRelease of the cluster, read from the apiserver page by page
+/// (memory stays bounded with many releases), each turned into a view and
+/// kept when `keep` returns something.
+pub async fn list_all<T>(
+    client: &kube::Client,
+    mut keep: impl FnMut(ReleaseView) -> Option<T>,
+) -> kube::Result<Vec<T>> {
+    let api = all_helmreleases(client.clone());
+    let mut kept = Vec::new();
+    let mut params = kube::api::ListParams::default().limit(500);
+    loop {
+        let page = api.list(&params).await?;
+        kept.extend(
+            page.items
+                .iter()
+                .map(ReleaseView::from_object)
+                .filter_map(&mut keep),
+        );
+        match page.metadata.continue_ {
+            Some(token) if !token.is_empty() => params = params.continue_token(&token),
+            _ => return Ok(kept),
+        }
+    }
+}
+
 /// HelmReleases of every namespace.
 pub fn all_helmreleases(client: kube::Client) -> kube::Api<DynamicObject> {
     kube::Api::all_with(client, &helmrelease_resource())

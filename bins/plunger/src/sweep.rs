@@ -163,22 +163,7 @@ pub fn row_of(release: &ReleaseView) -> Option<Row> {
 
 /// Every HelmRelease `list` shows.
 pub async fn list_rows(client: &Client) -> kube::Result<Vec<Row>> {
-    let api = crate::release::all_helmreleases(client.clone());
-    let mut rows = Vec::new();
-    let mut params = ListParams::default().limit(500);
-    loop {
-        let page = api.list(&params).await?;
-        rows.extend(
-            page.items
-                .iter()
-                .map(ReleaseView::from_object)
-                .filter_map(|r| row_of(&r)),
-        );
-        match page.metadata.continue_ {
-            Some(token) if !token.is_empty() => params = params.continue_token(&token),
-            _ => break,
-        }
-    }
+    let mut rows = crate::release::list_all(client, |release| row_of(&release)).await?;
     rows.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
     Ok(rows)
 }
