@@ -96,7 +96,17 @@ async fn the_controller_recovers_a_stuck_release_and_counts_it() -> Result<()> {
     let client = control_plane().client().await?;
     let ns = TestNamespace::create(&client, "binary").await?;
     let hc = SimulatedHelmController::new(client.clone(), &ns.name);
-    let running = start(&["--leader-elect=false", "--concurrent=2"], &[]).await?;
+    // Scoped: the recovery count below must not include stuck releases that
+    // other tests of this binary leave behind.
+    let running = start(
+        &[
+            "--leader-elect=false",
+            "--concurrent=2",
+            &format!("--watch-namespace={}", ns.name),
+        ],
+        &[],
+    )
+    .await?;
     wait_ready(&running).await?;
     assert_eq!(http_get(running.health, "/healthz").await?.0, 200);
 
@@ -281,8 +291,14 @@ async fn a_delete_while_the_process_holds_its_suspension_still_reaches_the_unins
     let hc = SimulatedHelmController::new(client.clone(), &ns.name);
     let gate = tempfile::tempdir()?;
     let file = gate.path().join("pause").display().to_string();
+    // Scoped to this test's namespace: the pause is taken once per process,
+    // at the first recovery that reaches it, and stuck releases other tests
+    // leave behind must not be the one that takes it.
     let running = start(
-        &["--leader-elect=false"],
+        &[
+            "--leader-elect=false",
+            &format!("--watch-namespace={}", ns.name),
+        ],
         &[
             ("FLUX_PLUNGER_TEST_PAUSE_AT", "acquired"),
             ("FLUX_PLUNGER_TEST_PAUSE_FILE", &file),
