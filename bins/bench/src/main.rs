@@ -1,13 +1,28 @@
 //! `make bench`: figures, never assertions. Runs the release binaries against
-//! the local control plane and prints a Markdown table (and JSON under
+//! the local control plane and prints Markdown tables (and JSON under
 //! `_out/bench/`):
 //!
+//! - sizes: each release binary, stripped;
+//! - the controller's memory (peak and steady RSS) and time to ready,
+//!   watching 0, 1,000 and 5,000 realistic HelmReleases;
+//! - its requests per minute while idle with 5,000 (from the audit log);
+//! - a burst of 200 releases stuck at once: time until all are recovered,
+//!   p50/p99 latency per release, at `--concurrent` 1 and 8, and the
+//!   requests per recovery by verb and resource (from the audit log);
 //! - the drain: time from SIGTERM to exit with 100 and 500 fenced releases;
 //! - the handover: time from the end of the first pod's drain to the second
 //!   pod's first write, after a clean stop with 0 and 200 fences;
 //! - the sweep (pre-delete hook): time for 500 fenced releases.
 #![forbid(unsafe_code)]
 
+mod audit;
+mod burst;
+mod controller;
+mod memory;
+mod objects;
+mod sizes;
+
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -23,9 +38,9 @@ use testkit::{TestNamespace, control_plane};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::Command;
 
-const RUNS: usize = 3;
+pub const RUNS: usize = 3;
 
-fn release_binary(name: &str) -> Result<PathBuf> {
+pub fn release_binary(name: &str) -> Result<PathBuf> {
     let path = testkit::control_plane::workspace_root()
         .join("target/release")
         .join(name);
@@ -107,7 +122,7 @@ async fn lead(ns: &TestNamespace, pod: &str) -> Result<()> {
     Ok(())
 }
 
-fn median(mut values: Vec<Duration>) -> Duration {
+pub fn median<T: Ord + Copy>(mut values: Vec<T>) -> T {
     values.sort();
     values[values.len() / 2]
 }
@@ -197,12 +212,44 @@ async fn bench_sweep(count: usize) -> Result<Duration> {
     Ok(median(runs))
 }
 
-#[tokio::main]
-async fn main() -> Result<()> {
+/// The figures, as printed and as written to `bench.json`.
+#[derive(Default)]
+struct Report {
+    /// (figure, value) rows of the main table.
+    rows: Vec<(String, String)>,
+    json: serde_json::Map<String, serde_json::Value>,
+}
+
+impl Report {
+    fn row(&mut self, what: impl Into<String>, value: impl Into<String>) {
+        self.rows.push((what.into(), value.into()));
+    }
+}
+
+fn mib(kib: u64) -> String {
+    format!("{:.1} MiB", kib as f64 / 1024.0)
+}
+
+fn secs(d: Duration) -> String {
+    if d < Duration::from_secs(1) {
+        format!("{:.0} ms", d.as_secs_f64() * 1000.0)
+    } else {
+        format!("{:.2} s", d.as_secs_f64())
+    }
+}
+
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
+}
+
+fn machine() -> (usize, u64) {
     let cores = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(0);
-    let memory = std::fs::read_to_string("/proc/meminfo")
+    let memory_mib = std::fs::read_to_string("/proc/meminfo")
         .ok()
         .and_then(|m| {
             m.lines()
@@ -210,41 +257,259 @@ async fn main() -> Result<()> {
                 .map(|l| l.split_whitespace().nth(1).unwrap_or("0").to_owned())
         })
         .and_then(|kb| kb.parse::<u64>().ok())
-        .map_or(0, |kb| kb / 1024 / 1024);
-    let mut rows: Vec<(String, Duration)> = Vec::new();
-    for count in [100, 500] {
-        eprintln!(">> drain of {count} fenced live releases ({RUNS} runs)");
-        rows.push((
-            format!("drain, {count} fenced live releases"),
-            bench_drain(count).await?,
-        ));
-    }
-    for count in [0, 200] {
-        eprintln!(">> handover after a clean stop with {count} fences ({RUNS} runs)");
-        rows.push((
-            format!("handover to the next leader after the drain, {count} fences"),
-            bench_handover(count).await?,
-        ));
-    }
-    eprintln!(">> sweep of 500 fenced releases ({RUNS} runs)");
-    rows.push((
-        "pre-delete sweep, 500 fenced releases".to_owned(),
-        bench_sweep(500).await?,
-    ));
+        .map_or(0, |kb| kb / 1024);
+    (cores, memory_mib)
+}
 
-    println!("\nMachine: {cores} cores, {memory} GiB; median of {RUNS} runs; release binaries.\n");
-    println!("| what | median |\n|---|---|");
-    for (what, took) in &rows {
-        println!("| {what} | {:.2} s |", took.as_secs_f64());
+const BURST: usize = 200;
+const IDLE_WINDOW: Duration = Duration::from_secs(60);
+
+fn print_counts(title: &str, counts: &BTreeMap<String, f64>) {
+    println!("\n{title}\n\n| request | count |\n|---|---|");
+    for (label, n) in counts {
+        println!("| {label} | {n:.2} |");
+    }
+    println!("| **total** | **{:.2}** |", counts.values().sum::<f64>());
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let (cores, memory_mib) = machine();
+    let load_before = load_average();
+    let bench_started = Instant::now();
+    let mut report = Report::default();
+
+    eprintln!(">> sizes of the release binaries");
+    let mut sizes_json = Vec::new();
+    for size in sizes::sizes()? {
+        let value = match size.stripped_bytes {
+            Some(stripped) => format!("{:.2} MiB", stripped as f64 / 1048576.0),
+            None => format!(
+                "{:.2} MiB (not stripped: no strip or objcopy here)",
+                size.bytes as f64 / 1048576.0
+            ),
+        };
+        report.row(format!("size of `{}`, stripped", size.binary), value);
+        sizes_json.push(json!({"binary": size.binary, "bytes": size.bytes, "stripped_bytes": size.stripped_bytes}));
+    }
+    report.json.insert("sizes".into(), json!(sizes_json));
+
+    let admin = control_plane().client().await?;
+    let identity = controller::Identity::create(&admin).await?;
+    // For working on the bench: FLUX_PLUNGER_BENCH_ONLY=memory,burst,drain
+    // runs only those parts (sizes always run).
+    let only = std::env::var("FLUX_PLUNGER_BENCH_ONLY").unwrap_or_default();
+    let wanted = |part: &str| only.is_empty() || only.split(',').any(|p| p == part);
+
+    let mut idle = None;
+    if wanted("memory") {
+        let mut memory_json = Vec::new();
+        let mut steady = BTreeMap::new();
+        for count in [0, 1000, 5000] {
+            eprintln!(">> controller memory and start-up, {count} releases watched ({RUNS} runs)");
+            let window = (count == 5000).then_some(IDLE_WINDOW);
+            let (figures, idle_figures) =
+                memory::bench_memory(&admin, &identity, count, window).await?;
+            report.row(
+                format!("controller start-up to `/readyz` 200, {count} releases"),
+                secs(figures.ready),
+            );
+            report.row(
+                format!("controller RSS, {count} releases: peak / steady (10 s after sync)"),
+                format!("{} / {}", mib(figures.peak_kib), mib(figures.steady_kib)),
+            );
+            steady.insert(count, figures.steady_kib);
+            memory_json.push(json!({
+                "releases": count, "ready_seconds": figures.ready.as_secs_f64(),
+                "peak_rss_kib": figures.peak_kib, "steady_rss_kib": figures.steady_kib,
+            }));
+            idle = idle.or(idle_figures);
+        }
+        let per_release = |from: usize, to: usize| {
+            (steady[&to] as f64 - steady[&from] as f64) * 1024.0 / (to - from) as f64
+        };
+        report.row(
+            "controller memory per watched release (steady, 1,000 → 5,000)",
+            format!("{:.0} bytes", per_release(1000, 5000)),
+        );
+        report.json.insert(
+            "memory".into(),
+            json!({"runs": memory_json, "bytes_per_release_1000_to_5000": per_release(1000, 5000),
+            "bytes_per_release_0_to_5000": per_release(0, 5000)}),
+        );
+        let idle_figures = idle.as_ref().context("no idle figures")?;
+        report.row(
+            format!(
+                "controller requests per minute while idle, {} releases ({} s window)",
+                idle_figures.releases,
+                idle_figures.window.as_secs()
+            ),
+            format!("{:.1}", idle_figures.per_minute),
+        );
+        report.row(
+            format!(
+                "controller RSS after {} s idle, {} releases",
+                idle_figures.window.as_secs(),
+                idle_figures.releases
+            ),
+            mib(idle_figures.rss_after_kib),
+        );
+        report.json.insert(
+        "idle".into(),
+        json!({"releases": idle_figures.releases, "window_seconds": idle_figures.window.as_secs(),
+            "requests_per_minute": idle_figures.per_minute, "by_request": idle_figures.by_label,
+            "rss_after_kib": idle_figures.rss_after_kib}),
+    );
+    }
+
+    let mut burst_json = Vec::new();
+    let mut breakdown = None;
+    let concurrencies: &[u16] = if wanted("burst") { &[1, 8] } else { &[] };
+    for &concurrent in concurrencies {
+        eprintln!(">> burst of {BURST} stuck releases, --concurrent {concurrent} ({RUNS} runs)");
+        let mut runs = Vec::new();
+        for run in 0..RUNS {
+            runs.push(burst::bench_burst(&admin, &identity, BURST, concurrent, run).await?);
+        }
+        let all = median(runs.iter().map(|r| r.all_recovered).collect());
+        let p50 = median(runs.iter().map(|r| r.p50).collect());
+        let p99 = median(runs.iter().map(|r| r.p99).collect());
+        report.row(
+            format!("burst of {BURST} stuck releases, `--concurrent {concurrent}`: all recovered"),
+            secs(all),
+        );
+        report.row(
+            format!("burst, `--concurrent {concurrent}`: latency per release (stuck write → unsuspend), p50 / p99"),
+            format!("{} / {}", secs(p50), secs(p99)),
+        );
+        let requests: Vec<u64> = runs.iter().map(|r| r.by_label.values().sum()).collect();
+        let per_recovery = median(requests) as f64 / BURST as f64;
+        report.row(
+            format!("apiserver requests per recovery, `--concurrent {concurrent}` (audit log)"),
+            format!("{per_recovery:.2}"),
+        );
+        burst_json.push(json!({
+            "concurrent": concurrent, "releases": BURST,
+            "all_recovered_seconds": all.as_secs_f64(),
+            "p50_seconds": p50.as_secs_f64(), "p99_seconds": p99.as_secs_f64(),
+            "requests_per_recovery": per_recovery,
+            "runs": runs.iter().map(|r| json!({
+                "all_recovered_seconds": r.all_recovered.as_secs_f64(),
+                "p50_seconds": r.p50.as_secs_f64(), "p99_seconds": r.p99.as_secs_f64(),
+                "requests_by_kind": r.by_label, "background_requests": r.background,
+            })).collect::<Vec<_>>(),
+        }));
+        if concurrent == 8 {
+            breakdown = runs.into_iter().next();
+        }
+    }
+    report.json.insert("burst".into(), json!(burst_json));
+
+    if wanted("drain") {
+        for count in [100, 500] {
+            eprintln!(">> drain of {count} fenced live releases ({RUNS} runs)");
+            let took = bench_drain(count).await?;
+            report.row(
+                format!("drain, {count} fenced live releases (SIGTERM to exit)"),
+                secs(took),
+            );
+        }
+        for count in [0, 200] {
+            eprintln!(">> handover after a clean stop with {count} fences ({RUNS} runs)");
+            let took = bench_handover(count).await?;
+            report.row(
+                format!("handover: drain ended → next pod leads, {count} fences"),
+                secs(took),
+            );
+        }
+        eprintln!(">> sweep of 500 fenced releases ({RUNS} runs)");
+        report.row(
+            "pre-delete sweep, 500 fenced releases",
+            secs(bench_sweep(500).await?),
+        );
+    }
+
+    let load_after = load_average();
+    let took = bench_started.elapsed();
+    println!(
+        "\nMachine: {cores} cores, {:.1} GiB; load average {load_before} at the start, {load_after} at the end; \
+         median of {RUNS} runs; release binaries (glibc); the bench took {:.0} s.\n",
+        memory_mib as f64 / 1024.0,
+        took.as_secs_f64()
+    );
+    println!("| figure | value |\n|---|---|");
+    for (what, value) in &report.rows {
+        println!("| {what} | {value} |");
+    }
+    if let Some(run) = &breakdown {
+        let per: BTreeMap<String, f64> = run
+            .by_label
+            .iter()
+            .map(|(k, v)| (k.clone(), *v as f64 / BURST as f64))
+            .collect();
+        print_counts(
+            &format!(
+                "Requests per recovery, by verb and resource (`--concurrent 8`, first run, {BURST} recoveries; the Lease's own requests and the watch left out):"
+            ),
+            &per,
+        );
+        println!(
+            "\nThe Lease and the watch in the same window: {:?}",
+            run.background
+        );
+        println!(
+            "\nThe requests of one recovery ({}), in the order the apiserver answered them:\n",
+            objects::release_name(0)
+        );
+        for (i, step) in run.sequence.iter().enumerate() {
+            println!("{}. {step}", i + 1);
+        }
+    }
+    if let Some(idle) = &idle {
+        let idle_counts: BTreeMap<String, f64> = idle
+            .by_label
+            .iter()
+            .map(|(k, v)| (k.clone(), *v as f64 * 60.0 / idle.window.as_secs_f64()))
+            .collect();
+        print_counts(
+            &format!(
+                "Requests per minute while idle with {} releases:",
+                idle.releases
+            ),
+            &idle_counts,
+        );
+    }
+
+    report.json.insert(
+        "machine".into(),
+        json!({"cores": cores, "memory_mib": memory_mib, "load_average_before": load_before,
+            "load_average_after": load_after}),
+    );
+    report.json.insert("runs".into(), json!(RUNS));
+    report
+        .json
+        .insert("bench_seconds".into(), json!(took.as_secs_f64()));
+    report.json.insert(
+        "figures".into(),
+        json!(
+            report
+                .rows
+                .iter()
+                .map(|(w, v)| json!({"what": w, "value": v}))
+                .collect::<Vec<_>>()
+        ),
+    );
+    if let Some(run) = &breakdown {
+        report
+            .json
+            .insert("one_recovery".into(), json!(run.sequence));
     }
     let out = testkit::control_plane::out_dir().join("bench");
     std::fs::create_dir_all(&out)?;
-    let json = json!({
-        "machine": {"cores": cores, "memory_gib": memory},
-        "runs": RUNS,
-        "figures": rows.iter().map(|(w, d)| json!({"what": w, "median_seconds": d.as_secs_f64()})).collect::<Vec<_>>(),
-    });
-    std::fs::write(out.join("bench.json"), serde_json::to_string_pretty(&json)?)?;
+    std::fs::write(
+        out.join("bench.json"),
+        serde_json::to_string_pretty(&serde_json::Value::Object(report.json))?,
+    )?;
     eprintln!(">> written {}", out.join("bench.json").display());
     Ok(())
 }

@@ -1,0 +1,194 @@
+//! The release `flux-plunger` as a process: its own identity (so the audit
+//! log tells its requests from the bench's), its readiness, its memory.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, RoleRef, Subject};
+use kube::Client;
+use kube::api::{Api, ObjectMeta, PostParams};
+use testkit::control_plane::{AuthInfo, free_port};
+use testkit::{TestNamespace, control_plane};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::process::{Child, Command};
+
+use crate::release_binary;
+
+/// The ServiceAccount the controller runs as in the bench.
+pub struct Identity {
+    pub namespace: String,
+    pub service_account: String,
+}
+
+impl Identity {
+    /// A ServiceAccount bound to cluster-admin: the bench counts requests,
+    /// RBAC is the least-privilege tests' business.
+    pub async fn create(admin: &Client) -> Result<Self> {
+        let ns = TestNamespace::create(admin, "bench-identity").await?;
+        let service_account = "flux-plunger".to_owned();
+        let binding = ClusterRoleBinding {
+            metadata: ObjectMeta {
+                name: Some(format!("{}-flux-plunger", ns.name)),
+                ..Default::default()
+            },
+            role_ref: RoleRef {
+                api_group: "rbac.authorization.k8s.io".to_owned(),
+                kind: "ClusterRole".to_owned(),
+                name: "cluster-admin".to_owned(),
+            },
+            subjects: Some(vec![Subject {
+                kind: "ServiceAccount".to_owned(),
+                name: service_account.clone(),
+                namespace: Some(ns.name.clone()),
+                ..Default::default()
+            }]),
+        };
+        Api::<ClusterRoleBinding>::all(admin.clone())
+            .create(&PostParams::default(), &binding)
+            .await?;
+        Ok(Self {
+            namespace: ns.name,
+            service_account,
+        })
+    }
+
+    /// The username the apiserver logs for it.
+    pub fn username(&self) -> String {
+        format!(
+            "system:serviceaccount:{}:{}",
+            self.namespace, self.service_account
+        )
+    }
+
+    async fn kubeconfig(&self, admin: &Client, dir: &Path) -> Result<PathBuf> {
+        let plane = control_plane();
+        let token = plane
+            .service_account_token(admin, &self.namespace, &self.service_account)
+            .await?;
+        let path = dir.join("flux-plunger.kubeconfig");
+        plane.write_kubeconfig(&path, &AuthInfo::Token(token))?;
+        Ok(path)
+    }
+}
+
+/// A running release `flux-plunger`, watching one namespace.
+pub struct Controller {
+    child: Child,
+    pub pid: u32,
+    health_port: u16,
+    pub spawned: Instant,
+    _dir: tempfile::TempDir,
+}
+
+impl Controller {
+    /// Starts it with leader election on (as the chart runs it), its Lease
+    /// named `lease` in `namespace`.
+    pub async fn spawn(
+        admin: &Client,
+        identity: &Identity,
+        namespace: &str,
+        concurrent: u16,
+        lease: &str,
+    ) -> Result<Self> {
+        let dir = tempfile::tempdir()?;
+        let kubeconfig = identity.kubeconfig(admin, dir.path()).await?;
+        let health_port = free_port()?;
+        let metrics_port = free_port()?;
+        let log = std::fs::File::create(dir.path().join("flux-plunger.log"))?;
+        let spawned = Instant::now();
+        let child = Command::new(release_binary("flux-plunger")?)
+            .arg(format!("--kubeconfig={}", kubeconfig.display()))
+            .arg(format!("--watch-namespace={namespace}"))
+            .arg(format!("--concurrent={concurrent}"))
+            .arg(format!("--leader-election-lease-name={lease}"))
+            .arg(format!("--health-addr=127.0.0.1:{health_port}"))
+            .arg(format!("--metrics-addr=127.0.0.1:{metrics_port}"))
+            .arg("--log-encoding=json")
+            .env("POD_NAME", lease)
+            .env("POD_NAMESPACE", namespace)
+            .env_remove("RUST_LOG")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()?;
+        let pid = child.id().context("no pid")?;
+        Ok(Self {
+            child,
+            pid,
+            health_port,
+            spawned,
+            _dir: dir,
+        })
+    }
+
+    /// Waits for `/readyz` to answer 200 (the watch has synced); returns the
+    /// time from the spawn.
+    pub async fn wait_ready(&mut self, timeout: Duration) -> Result<Duration> {
+        loop {
+            if http_status(self.health_port, "/readyz").await.ok() == Some(200) {
+                return Ok(self.spawned.elapsed());
+            }
+            if let Some(status) = self.child.try_wait()? {
+                bail!("flux-plunger exited before it was ready: {status}");
+            }
+            if self.spawned.elapsed() > timeout {
+                bail!("flux-plunger was not ready within {timeout:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    /// Peak and current resident memory (VmHWM, VmRSS), in KiB.
+    pub fn memory(&self) -> Result<Memory> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid))?;
+        let field = |key: &str| -> Result<u64> {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(key))
+                .and_then(|rest| rest.split_whitespace().next())
+                .and_then(|n| n.parse().ok())
+                .with_context(|| format!("no {key} in /proc/{}/status", self.pid))
+        };
+        Ok(Memory {
+            peak_kib: field("VmHWM:")?,
+            rss_kib: field("VmRSS:")?,
+        })
+    }
+
+    /// SIGTERM, and waits for the exit.
+    pub async fn stop(mut self) -> Result<()> {
+        std::process::Command::new("kill")
+            .args(["-TERM", &self.pid.to_string()])
+            .status()?;
+        match tokio::time::timeout(Duration::from_secs(20), self.child.wait()).await {
+            Ok(status) => {
+                status?;
+            }
+            Err(_) => self.child.kill().await?,
+        }
+        Ok(())
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct Memory {
+    pub peak_kib: u64,
+    pub rss_kib: u64,
+}
+
+/// The status code of a plain HTTP/1.0 GET on loopback.
+async fn http_status(port: u16, path: &str) -> Result<u16> {
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+    stream
+        .write_all(format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").as_bytes())
+        .await?;
+    let mut response = Vec::new();
+    stream.read_to_end(&mut response).await?;
+    let text = String::from_utf8_lossy(&response);
+    text.split_whitespace()
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .context("no HTTP status line")
+}
