@@ -29,6 +29,9 @@ pub struct Context {
     pub metrics: Arc<Metrics>,
     /// Consecutive failures per release, for the retry backoff.
     failures: Mutex<HashMap<ObjectRef<DynamicObject>, u32>>,
+    /// Releases a pass recovered, with the resourceVersions its writes left
+    /// them at: see [`reconcile`].
+    recovered: Mutex<HashMap<ObjectRef<DynamicObject>, Vec<String>>>,
 }
 
 impl Context {
@@ -37,6 +40,7 @@ impl Context {
             reconciler,
             metrics,
             failures: Mutex::new(HashMap::new()),
+            recovered: Mutex::new(HashMap::new()),
         }
     }
 }
@@ -90,19 +94,46 @@ pub fn trim(object: &mut DynamicObject) {
 async fn reconcile(object: Arc<DynamicObject>, ctx: Arc<Context>) -> Result<Action, Error> {
     let namespace = object.namespace().unwrap_or_default();
     let name = object.name_any();
+    let key = ObjectRef::from_obj_with(object.as_ref(), helmrelease_resource());
+    // A recovery's own writes (acquire, annotation, lift) each come back as a
+    // watch event and wake the release once more. While the watch shows the
+    // release in a state the recovery wrote (same resourceVersion: nobody
+    // else wrote since), that pass would read it, list its storage and find
+    // nothing to do (the processed guard); skip those two requests. Another
+    // writer's change has a new resourceVersion and is reconciled as ever.
+    {
+        let mut recovered = ctx.recovered.lock().expect("recovered map poisoned");
+        if let Some(written) = recovered.get(&key) {
+            if object
+                .resource_version()
+                .is_some_and(|rv| written.contains(&rv))
+            {
+                tracing::debug!(release = %format!("{namespace}/{name}"), "unchanged since its recovery");
+                return Ok(Action::await_change());
+            }
+            recovered.remove(&key);
+        }
+    }
+    let uid = object.uid().unwrap_or_default();
+    // Only this pass's writes count (a failed pass may have left some).
+    ctx.reconciler.take_writes(&uid);
     let started = Instant::now();
     let result = ctx.reconciler.reconcile(&namespace, &name).await;
     ctx.metrics
         .reconcile_duration
         .observe(started.elapsed().as_secs_f64());
     let outcome = result?;
+    let written = ctx.reconciler.take_writes(&uid);
+    if matches!(outcome, Outcome::Recovered { .. }) && !written.is_empty() {
+        ctx.recovered
+            .lock()
+            .expect("recovered map poisoned")
+            .insert(key.clone(), written);
+    }
     ctx.failures
         .lock()
         .expect("failure map poisoned")
-        .remove(&ObjectRef::from_obj_with(
-            object.as_ref(),
-            helmrelease_resource(),
-        ));
+        .remove(&key);
     ctx.metrics.observe(&outcome);
     tracing::debug!(release = %format!("{namespace}/{name}"), ?outcome, "reconciled");
     Ok(match outcome {

@@ -100,6 +100,9 @@ pub struct Reconciler {
     /// When we last warned that a release's delete is held, by uid: one
     /// warning per release per re-check interval, however often it is woken.
     fence_warnings: Mutex<HashMap<String, Instant>>,
+    /// The resourceVersions our writes left each release at, by uid, for
+    /// [`Self::take_writes`].
+    writes: Mutex<HashMap<String, Vec<String>>>,
     controls: Controls,
     #[cfg(feature = "test-hooks")]
     pub hooks: TestHooks,
@@ -112,6 +115,7 @@ impl Reconciler {
             events,
             timings,
             fence_warnings: Mutex::new(HashMap::new()),
+            writes: Mutex::new(HashMap::new()),
             controls: Controls::default(),
             #[cfg(feature = "test-hooks")]
             hooks: TestHooks::default(),
@@ -283,7 +287,33 @@ impl Reconciler {
 
     async fn write(&self, release: &ReleaseView, claim: Claim) -> kube::Result<ReleaseView> {
         let object = apply::apply(&self.client, release, claim, false).await?;
-        Ok(self.view(&object))
+        Ok(self.written(&object))
+    }
+
+    /// The view of what one of our writes returned, its resourceVersion noted.
+    fn written(&self, object: &DynamicObject) -> ReleaseView {
+        let view = self.view(object);
+        self.writes
+            .lock()
+            .expect("write map poisoned")
+            .entry(view.uid.clone())
+            .or_default()
+            .push(view.resource_version.clone());
+        view
+    }
+
+    /// The resourceVersions our writes left release `uid` at since the last
+    /// call (and forgets them). After a pass that ended
+    /// [`Outcome::Recovered`], these are states the recovery itself wrote,
+    /// the last one by its final lift: a pass over any of them finds nothing
+    /// to do (the processed guard), so the controller need not run one for
+    /// the watch events of its own writes.
+    pub fn take_writes(&self, uid: &str) -> Vec<String> {
+        self.writes
+            .lock()
+            .expect("write map poisoned")
+            .remove(uid)
+            .unwrap_or_default()
     }
 
     /// SPEC §4 steps 6-13.
@@ -401,7 +431,7 @@ impl Reconciler {
         };
         self.pause_at_step(Step::BeforeAcquire).await;
         match apply::apply(&self.client, &fresh, claim, false).await {
-            Ok(object) => return Ok(Some(self.view(&object))),
+            Ok(object) => return Ok(Some(self.written(&object))),
             Err(err) if is_api_code(&err, 409) => {}
             Err(err) => return Err(acquire_error(err)),
         }
@@ -413,7 +443,7 @@ impl Reconciler {
         }
         self.pause_at_step(Step::BeforeForcedAcquire).await;
         match apply::apply(&self.client, &again, claim, true).await {
-            Ok(object) => Ok(Some(self.view(&object))),
+            Ok(object) => Ok(Some(self.written(&object))),
             Err(err) if is_api_code(&err, 409) => Ok(None),
             Err(err) => Err(acquire_error(err)),
         }
@@ -433,7 +463,10 @@ impl Reconciler {
         loop {
             let source =
                 match apply::annotate(&self.client, &current, target.revision, below_uid).await {
-                    Ok(_) => break,
+                    Ok(object) => {
+                        self.written(&object);
+                        break;
+                    }
                     Err(source) => source,
                 };
             // helm-controller writes status right after each suspension, so the
