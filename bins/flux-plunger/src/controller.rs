@@ -18,10 +18,11 @@ use plunger::decide::is_of_interest;
 use plunger::error::Error;
 use plunger::names::{FIELD_MANAGER, PROCESSED_VERSION_ANNOTATION, READY_CONDITION};
 use plunger::reconcile::{Outcome, Reconciler};
-use plunger::release::{ReleaseView, all_helmreleases, helmrelease_resource};
+use plunger::release::{ReleaseView, helmrelease_resource};
 
 use crate::metrics::Metrics;
 use crate::server::Readiness;
+use crate::watched::Trimmed;
 
 /// Shared by every reconcile.
 pub struct Context {
@@ -44,6 +45,9 @@ impl Context {
         }
     }
 }
+
+/// HelmReleases per page of the watch's listing.
+const LIST_PAGE_SIZE: u32 = 100;
 
 /// Retry delays: 1 s doubling to 5 minutes.
 pub fn backoff(failures: u32) -> Duration {
@@ -187,20 +191,24 @@ pub struct Scope {
 }
 
 impl Scope {
-    fn apis(&self, client: &Client) -> Vec<kube::Api<DynamicObject>> {
+    fn apis(&self, client: &Client) -> Vec<kube::Api<Trimmed>> {
+        let resource = helmrelease_resource();
         if self.namespaces.is_empty() {
-            return vec![all_helmreleases(client.clone())];
+            return vec![kube::Api::all_with(client.clone(), &resource)];
         }
         self.namespaces
             .iter()
-            .map(|ns| plunger::release::helmreleases(client.clone(), ns))
+            .map(|ns| kube::Api::namespaced_with(client.clone(), ns, &resource))
             .collect()
     }
 
     fn watcher_config(&self) -> watcher::Config {
+        // Smaller listing pages than the default 500: each page is read
+        // whole before it is decoded, so the page bounds the memory peak.
+        let config = watcher::Config::default().page_size(LIST_PAGE_SIZE);
         match &self.label_selector {
-            Some(selector) => watcher::Config::default().labels(selector),
-            None => watcher::Config::default(),
+            Some(selector) => config.labels(selector),
+            None => config,
         }
     }
 }
@@ -226,8 +234,15 @@ pub async fn run(
         let writer = reflector::store::Writer::new(resource.clone());
         let store = writer.as_reader();
         stores.push(store.clone());
+        // Decoded straight into the trimmed form (see `watched`).
         let stream = watcher(api, scope.watcher_config())
-            .modify(trim)
+            .map_ok(|event| match event {
+                watcher::Event::Apply(Trimmed(o)) => watcher::Event::Apply(o),
+                watcher::Event::Delete(Trimmed(o)) => watcher::Event::Delete(o),
+                watcher::Event::Init => watcher::Event::Init,
+                watcher::Event::InitApply(Trimmed(o)) => watcher::Event::InitApply(o),
+                watcher::Event::InitDone => watcher::Event::InitDone,
+            })
             .default_backoff()
             .reflect(writer)
             .applied_objects()

@@ -6,3 +6,4 @@ pub mod controller;
 pub mod metrics;
 pub mod run;
 pub mod server;
+pub mod watched;
