@@ -35,6 +35,8 @@ pub struct LeaseLock {
     duration: Duration,
     /// The last record seen (resourceVersion) and when we first saw it.
     observed: Option<(String, Instant)>,
+    /// The Lease as our last successful write left it, while we hold it.
+    written: Option<Lease>,
 }
 
 impl LeaseLock {
@@ -51,6 +53,7 @@ impl LeaseLock {
             identity: identity.to_owned(),
             duration,
             observed: None,
+            written: None,
         }
     }
 
@@ -63,6 +66,27 @@ impl LeaseLock {
     /// read, so two candidates can never both succeed.
     pub async fn try_acquire_or_renew(&mut self) -> kube::Result<Attempt> {
         let now = Instant::now();
+        // client-go's fast path: a holder renews with one update,
+        // preconditioned on the resourceVersion of its own last write. Any
+        // write since (a takeover, a hand-over) fails it with 409, and the
+        // full read-then-update below decides.
+        if let Some(mut ours) = self.written.take() {
+            let spec = ours.spec.clone().unwrap_or_default();
+            ours.spec = Some(self.spec(spec.acquire_time, spec.lease_transitions.unwrap_or(0)));
+            match self
+                .api
+                .replace(&self.name, &PostParams::default(), &ours)
+                .await
+            {
+                Ok(written) => {
+                    self.observe(&written, now);
+                    self.written = Some(written);
+                    return Ok(Attempt::Held);
+                }
+                Err(kube::Error::Api(s)) if s.code == 409 || s.code == 404 => {}
+                Err(e) => return Err(e),
+            }
+        }
         let Some(current) = self.api.get_opt(&self.name).await? else {
             let lease = Lease {
                 metadata: ObjectMeta {
@@ -74,6 +98,7 @@ impl LeaseLock {
             return match self.api.create(&PostParams::default(), &lease).await {
                 Ok(created) => {
                     self.observe(&created, now);
+                    self.written = Some(created);
                     Ok(Attempt::Held)
                 }
                 Err(kube::Error::Api(s)) if s.code == 409 => Ok(Attempt::HeldBy(String::new())),
@@ -102,6 +127,7 @@ impl LeaseLock {
         {
             Ok(written) => {
                 self.observe(&written, now);
+                self.written = Some(written);
                 Ok(Attempt::Held)
             }
             Err(kube::Error::Api(s)) if s.code == 409 => Ok(Attempt::HeldBy(holder)),
