@@ -41,9 +41,10 @@ use tokio::process::Command;
 pub const RUNS: usize = 3;
 
 pub fn release_binary(name: &str) -> Result<PathBuf> {
-    let path = testkit::control_plane::workspace_root()
-        .join("target/release")
-        .join(name);
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| testkit::control_plane::workspace_root().join("target"));
+    let path = target.join("release").join(name);
     if !path.is_file() {
         bail!(
             "{} is missing: make bench builds it (cargo build --release)",
