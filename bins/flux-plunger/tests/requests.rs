@@ -1,0 +1,143 @@
+//! What one recovery asks of the apiserver, read from the apiserver's audit
+//! log: the requests of SPEC §4's steps, the Recovered event, and nothing
+//! more (in particular no second pass woken by the recovery's own writes).
+//! A count, never a timing.
+
+use std::collections::HashSet;
+use std::io::{Read, Seek, SeekFrom};
+use std::time::Duration;
+
+use anyhow::Result;
+use k8s_openapi::api::rbac::v1::{RoleBinding, RoleRef, Subject};
+use kube::api::{Api, ObjectMeta, PostParams};
+use plunger::names::PROCESSED_VERSION_ANNOTATION;
+use plunger::release::ReleaseView;
+use serde_json::{Value, json};
+use testkit::control_plane::AuthInfo;
+use testkit::process::LoggedProcess;
+use testkit::{TestNamespace, control_plane, eventually};
+use tokio::process::Command;
+
+const ACCOUNT: &str = "flux-plunger";
+
+/// `(verb, resource)` of every request `username` sent since `offset`,
+/// in the order the apiserver answered them.
+fn requests_since(offset: u64, username: &str) -> Result<Vec<(String, String)>> {
+    let mut file = std::fs::File::open(control_plane().audit_log())?;
+    file.seek(SeekFrom::Start(offset))?;
+    let mut text = String::new();
+    file.read_to_string(&mut text)?;
+    let mut seen = HashSet::new();
+    let mut requests = Vec::new();
+    for line in text.lines() {
+        let Ok(event) = serde_json::from_str::<Value>(line) else {
+            continue;
+        };
+        let field = |p: &str| event.pointer(p).and_then(Value::as_str).unwrap_or_default();
+        if field("/user/username") != username || !seen.insert(field("/auditID").to_owned()) {
+            continue;
+        }
+        requests.push((
+            field("/verb").to_owned(),
+            field("/objectRef/resource").to_owned(),
+        ));
+    }
+    Ok(requests)
+}
+
+#[tokio::test]
+async fn a_recovery_sends_the_requests_of_its_steps_and_its_event_and_nothing_more() -> Result<()> {
+    let plane = control_plane();
+    let admin = plane.client().await?;
+    let ns = TestNamespace::create(&admin, "requests").await?;
+    // An identity of its own, so the audit log tells its requests apart.
+    let binding = RoleBinding {
+        metadata: ObjectMeta {
+            name: Some(ACCOUNT.to_owned()),
+            ..Default::default()
+        },
+        role_ref: RoleRef {
+            api_group: "rbac.authorization.k8s.io".to_owned(),
+            kind: "ClusterRole".to_owned(),
+            name: "cluster-admin".to_owned(),
+        },
+        subjects: Some(vec![Subject {
+            kind: "ServiceAccount".to_owned(),
+            name: ACCOUNT.to_owned(),
+            namespace: Some(ns.name.clone()),
+            ..Default::default()
+        }]),
+    };
+    Api::<RoleBinding>::namespaced(admin.clone(), &ns.name)
+        .create(&PostParams::default(), &binding)
+        .await?;
+    let token = plane
+        .service_account_token(&admin, &ns.name, ACCOUNT)
+        .await?;
+    let dir = tempfile::tempdir()?;
+    let kubeconfig = dir.path().join("kubeconfig");
+    plane.write_kubeconfig(&kubeconfig, &AuthInfo::Token(token))?;
+    let username = format!("system:serviceaccount:{}:{ACCOUNT}", ns.name);
+
+    ns.create_release("web", json!({})).await?;
+    ns.create_storage_secret("web", 1, "superseded").await?;
+    ns.create_storage_secret("web", 2, "uninstalling").await?;
+
+    let mut command = Command::new(env!("CARGO_BIN_EXE_flux-plunger"));
+    command
+        .arg(format!("--kubeconfig={}", kubeconfig.display()))
+        .arg(format!("--watch-namespace={}", ns.name))
+        .args([
+            "--leader-elect=false",
+            "--metrics-addr=127.0.0.1:0",
+            "--health-addr=127.0.0.1:0",
+            "--log-encoding=console",
+        ])
+        .env_remove("RUST_LOG");
+    let mut controller = LoggedProcess::spawn(command, "controller")?;
+    controller
+        .wait_logged("the HelmRelease watch has synced", Duration::from_secs(60))
+        .await?;
+
+    let offset = std::fs::metadata(plane.audit_log())?.len();
+    ns.mark_stuck("web").await?;
+    eventually(
+        Duration::from_secs(60),
+        "the release is recovered",
+        || async {
+            let view = ReleaseView::from_object(&ns.releases().get("web").await?);
+            Ok(view
+                .annotations
+                .get(PROCESSED_VERSION_ANNOTATION)
+                .map(String::as_str)
+                == Some("2")
+                && !view.suspend
+                && !view.has_fence())
+        },
+    )
+    .await?;
+    // Time for a pass the recovery's own writes would wake.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    controller.terminate(Duration::from_secs(20)).await?;
+
+    let sent: Vec<(String, String)> = requests_since(offset, &username)?
+        .into_iter()
+        .filter(|(verb, _)| verb != "watch")
+        .collect();
+    let expected: Vec<(String, String)> = [
+        ("get", "helmreleases"),   // §4.1 read the release
+        ("list", "secrets"),       // §4.6 list its storage
+        ("get", "helmreleases"),   // §4.8 re-read before the acquire
+        ("patch", "helmreleases"), // §4.8 apply {suspend, fence}
+        ("patch", "helmreleases"), // §4.10 the processed annotation
+        ("get", "helmreleases"),   // §4.11 re-check termination
+        ("delete", "secrets"),     // §4.12 the newest revision
+        ("patch", "helmreleases"), // §4.13 lift suspension and fence
+        ("create", "events"),      // the Recovered event (SPEC §1)
+    ]
+    .iter()
+    .map(|(v, r)| ((*v).to_owned(), (*r).to_owned()))
+    .collect();
+    assert_eq!(sent, expected);
+    Ok(())
+}
