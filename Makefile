@@ -253,10 +253,10 @@ demo: tools ## Show flux-plunger at work: a local control plane, Flux's real hel
 	cargo run --locked -q -p e2e --bin demo
 
 .PHONY: bench
-bench: tools ## Figures (not tests): drain, handover and sweep times on the local control plane, release builds.
+bench: tools ## Figures (not tests), release builds on the local control plane: sizes, memory, start-up, a burst of recoveries, apiserver requests, drain, handover, sweep; writes _out/bench/bench.json.
 	$(call step,building release binaries)
 	cargo build --locked --release -p flux-plunger -p flux-plunger-drain -p flux-plunger-sweep
-	$(call step,running the benchmark (a few minutes))
+	$(call step,running the benchmark (about ten minutes on 2 cores))
 	cargo run --locked --release -q -p bench
 
 .PHONY: clean

@@ -70,7 +70,7 @@ pub async fn bench_burst(
     run: usize,
 ) -> Result<BurstRun> {
     let ns = TestNamespace::create(admin, &format!("bench-burst-c{concurrent}")).await?;
-    create_releases(&ns, count).await?;
+    create_releases(&ns, 0..count).await?;
     let ns = &ns;
     stream::iter(0..count)
         .map(|i| async move {

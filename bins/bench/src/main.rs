@@ -306,11 +306,14 @@ async fn main() -> Result<()> {
     if wanted("memory") {
         let mut memory_json = Vec::new();
         let mut steady = BTreeMap::new();
+        let memory_ns = TestNamespace::create(&admin, "bench-memory").await?;
+        let mut have = 0;
         for count in [0, 1000, 5000] {
             eprintln!(">> controller memory and start-up, {count} releases watched ({RUNS} runs)");
             let window = (count == 5000).then_some(IDLE_WINDOW);
             let (figures, idle_figures) =
-                memory::bench_memory(&admin, &identity, count, window).await?;
+                memory::bench_memory(&admin, &identity, &memory_ns, have, count, window).await?;
+            have = count;
             report.row(
                 format!("controller start-up to `/readyz` 200, {count} releases"),
                 secs(figures.ready),

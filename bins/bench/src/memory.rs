@@ -36,25 +36,28 @@ pub struct IdleFigures {
 /// to ready, then peak and resident memory `SETTLE` after the sync. With
 /// `idle`, the last run also counts the controller's requests over that
 /// window.
+/// `ns` holds `have` of them already (counts grow from one call to the next).
 pub async fn bench_memory(
     admin: &Client,
     identity: &Identity,
+    ns: &TestNamespace,
+    have: usize,
     count: usize,
     idle: Option<Duration>,
 ) -> Result<(MemoryFigures, Option<IdleFigures>)> {
-    let ns = TestNamespace::create(admin, "bench-memory").await?;
     let started = std::time::Instant::now();
-    crate::objects::create_releases(&ns, count).await?;
-    if count > 0 {
+    crate::objects::create_releases(ns, have..count).await?;
+    if count > have {
         eprintln!(
-            "   created {count} releases in {:.1}s",
+            "   created {} releases in {:.1}s",
+            count - have,
             started.elapsed().as_secs_f64()
         );
     }
     let (mut ready, mut peak, mut steady) = (Vec::new(), Vec::new(), Vec::new());
     let mut idle_figures = None;
     for run in 0..RUNS {
-        let lease = format!("bench-memory-{run}");
+        let lease = format!("bench-memory-{count}-{run}");
         let mut controller = Controller::spawn(admin, identity, &ns.name, 4, &lease).await?;
         ready.push(controller.wait_ready(Duration::from_secs(300)).await?);
         tokio::time::sleep(SETTLE).await;

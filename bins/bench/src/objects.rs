@@ -146,10 +146,10 @@ pub fn stuck_status(namespace: &str, name: &str) -> Value {
     status
 }
 
-/// Creates `count` realistic releases in `ns`: three writes each, by three
-/// managers, `SETUP_CONCURRENCY` at a time.
-pub async fn create_releases(ns: &TestNamespace, count: usize) -> Result<()> {
-    stream::iter(0..count)
+/// Creates realistic releases `range` (by number) in `ns`: three writes
+/// each, by three managers, `SETUP_CONCURRENCY` at a time.
+pub async fn create_releases(ns: &TestNamespace, range: std::ops::Range<usize>) -> Result<()> {
+    stream::iter(range)
         .map(|i| async move {
             let name = release_name(i);
             let api = ns.releases();
