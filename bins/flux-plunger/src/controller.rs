@@ -16,7 +16,9 @@ use serde_json::{Map, Value};
 
 use plunger::decide::is_of_interest;
 use plunger::error::Error;
-use plunger::names::{FIELD_MANAGER, PROCESSED_VERSION_ANNOTATION, READY_CONDITION};
+use plunger::names::{
+    FENCE_FINALIZER, FIELD_MANAGER, PROCESSED_VERSION_ANNOTATION, READY_CONDITION,
+};
 use plunger::reconcile::{Outcome, Reconciler};
 use plunger::release::{ReleaseView, helmrelease_resource};
 
@@ -62,7 +64,14 @@ pub fn backoff(failures: u32) -> Duration {
 /// costs a few hundred bytes a release instead of its whole spec, status and
 /// managedFields. Every decision that leads to a write reads the release
 /// afresh from the apiserver, so nothing is lost.
+///
+/// What the filter reads is kept only where it says yes: the `Ready`
+/// condition only of a stuck release, `spec.suspend` only when true, of the
+/// finalizers only our fence. A healthy release then holds no JSON map at
+/// all (each costs a B-tree node of some 600 bytes), which is most of the
+/// cache with thousands of releases.
 pub fn trim(object: &mut DynamicObject) {
+    object.types = None;
     let meta = &mut object.metadata;
     meta.labels = None;
     meta.owner_references = None;
@@ -72,9 +81,13 @@ pub fn trim(object: &mut DynamicObject) {
     if let Some(entries) = meta.managed_fields.as_mut() {
         entries.retain(|e| e.manager.as_deref() == Some(FIELD_MANAGER));
     }
+    if let Some(finalizers) = meta.finalizers.as_mut() {
+        finalizers.retain(|f| f == FENCE_FINALIZER);
+    }
+    let stuck = ReleaseView::from_object(object).is_stuck();
     let mut data = Map::new();
-    if let Some(suspend) = object.data.pointer("/spec/suspend") {
-        data.insert("spec".into(), serde_json::json!({ "suspend": suspend }));
+    if object.data.pointer("/spec/suspend") == Some(&Value::Bool(true)) {
+        data.insert("spec".into(), serde_json::json!({ "suspend": true }));
     }
     let ready = object
         .data
@@ -85,7 +98,7 @@ pub fn trim(object: &mut DynamicObject) {
                 .iter()
                 .find(|c| c.get("type").and_then(Value::as_str) == Some(READY_CONDITION))
         });
-    if let Some(ready) = ready {
+    if let Some(ready) = ready.filter(|_| stuck) {
         let keep: Map<String, Value> = ["type", "status", "message"]
             .iter()
             .filter_map(|k| ready.get(*k).map(|v| ((*k).to_owned(), v.clone())))
@@ -342,5 +355,30 @@ mod tests {
             serde_json::to_vec(&trimmed).unwrap().len() * 3
                 < serde_json::to_vec(&full).unwrap().len()
         );
+        assert_eq!(
+            trimmed.metadata.finalizers,
+            Some(vec!["flux-plunger.cozystack.io/uninstall-fence".to_owned()])
+        );
+    }
+
+    #[test]
+    fn a_healthy_release_keeps_no_json_at_all() {
+        let mut healthy: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "helm.toolkit.fluxcd.io/v2", "kind": "HelmRelease",
+            "metadata": {"name": "web", "namespace": "apps", "finalizers": ["finalizers.fluxcd.io"]},
+            "spec": {"suspend": false, "interval": "5m"},
+            "status": {"conditions": [
+                {"type": "Ready", "status": "True", "message": "Helm upgrade succeeded", "reason": "r", "lastTransitionTime": "2026-01-01T00:00:00Z"},
+            ]},
+        }))
+        .unwrap();
+        let before = ReleaseView::from_object(&healthy);
+        trim(&mut healthy);
+        let after = ReleaseView::from_object(&healthy);
+        assert_eq!(healthy.data, json!({}));
+        assert_eq!(healthy.metadata.finalizers, Some(vec![]));
+        assert_eq!(is_of_interest(&before), is_of_interest(&after));
+        assert_eq!(before.suspend, after.suspend);
+        assert_eq!(before.has_fence(), after.has_fence());
     }
 }

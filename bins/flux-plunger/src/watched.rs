@@ -14,15 +14,13 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{FieldsV1, ManagedFieldsEntry, Time};
-use kube::api::{ApiResource, DynamicObject, ObjectMeta, TypeMeta};
+use kube::api::{ApiResource, DynamicObject, ObjectMeta};
 use kube::core::{DynamicResourceScope, Resource};
 use serde::Deserialize;
 use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Value};
 
-use plunger::names::{
-    FIELD_MANAGER, HELMRELEASE_API_VERSION, HELMRELEASE_KIND, PROCESSED_VERSION_ANNOTATION,
-};
+use plunger::names::{FIELD_MANAGER, PROCESSED_VERSION_ANNOTATION};
 
 use crate::controller::trim;
 
@@ -64,10 +62,7 @@ impl WatchedRelease {
             data.insert("status".into(), Value::Object(self.status));
         }
         let mut object = DynamicObject {
-            types: Some(TypeMeta {
-                api_version: HELMRELEASE_API_VERSION.to_owned(),
-                kind: HELMRELEASE_KIND.to_owned(),
-            }),
+            types: None, // trim drops it anyway
             metadata: self.metadata.into(),
             data: Value::Object(data),
         };
@@ -337,6 +332,7 @@ mod tests {
         assert_eq!(new.resource_version, old.resource_version);
         assert_eq!(new.generation, old.generation);
         assert_eq!(new.finalizers, old.finalizers);
+        assert_eq!(new.has_fence(), old.has_fence());
         assert_eq!(
             new.carries_processed_annotation(),
             old.carries_processed_annotation()
