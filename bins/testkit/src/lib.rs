@@ -10,6 +10,7 @@
 //! source-controller.
 #![forbid(unsafe_code)]
 
+pub mod audit;
 pub mod certs;
 pub mod control_plane;
 pub mod fixtures;
