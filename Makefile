@@ -206,7 +206,9 @@ E2E_THREADS ?= 8
 .PHONY: e2e
 e2e: tools ## End-to-end tests against Flux's real helm-controller, once per version in HELM_CONTROLLER_E2E_VERSIONS.
 	$(call step,building flux-plunger and the e2e tests)
-	cargo build --locked -p flux-plunger
+	@# A workspace build: testkit turns plunger's test-hooks feature on, which
+	@# the e2e races need (pause points); `-p flux-plunger` alone would not.
+	cargo build --locked --workspace --bins
 	cargo test --locked -p e2e --no-run
 	@mkdir -p $(TEST_LOG)
 	@for v in $(HELM_CONTROLLER_E2E_VERSIONS); do \

@@ -194,7 +194,8 @@ impl TestNamespace {
 
     /// Refuses, in this namespace only, every request matching `rule` with
     /// `message`, by a ValidatingAdmissionPolicy: a real refusal by the real
-    /// apiserver, for tests of failure handling. Returns once it is in force.
+    /// apiserver, for tests of failure handling. The apiserver takes a moment
+    /// to enforce a new policy: callers probe (a dry-run write) until it does.
     pub async fn refuse(
         &self,
         policy: &str,
