@@ -175,6 +175,10 @@ impl Reconciler {
         if !release.malformed.is_empty() {
             tracing::warn!(release = %release.key(), fields = ?release.malformed, "ignoring malformed fields of the HelmRelease");
         }
+        if let crate::release::ProcessedVersion::Unparsable(text) = release.processed_version() {
+            // SPEC §4 step 7: the guard does not hold, the recovery carries on.
+            tracing::warn!(release = %release.key(), annotation = crate::names::PROCESSED_VERSION_ANNOTATION, value = %text, "ignoring an annotation that is not a revision number");
+        }
         release
     }
 
