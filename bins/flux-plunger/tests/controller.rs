@@ -132,15 +132,7 @@ async fn the_controller_recovers_a_stuck_release_and_counts_it() -> Result<()> {
         },
     )
     .await?;
-    let secrets: Vec<String> = ns
-        .secrets()
-        .list(&Default::default())
-        .await?
-        .items
-        .into_iter()
-        .filter_map(|s| s.metadata.name)
-        .collect();
-    assert_eq!(secrets, vec!["sh.helm.release.v1.web.v1"]);
+    assert_eq!(ns.secret_names().await?, vec!["sh.helm.release.v1.web.v1"]);
 
     let (status, metrics) = http_get(running.metrics, "/metrics").await?;
     assert_eq!(status, 200);

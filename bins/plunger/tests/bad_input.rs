@@ -54,17 +54,7 @@ impl World {
     }
 
     async fn secret_names(&self) -> Result<Vec<String>> {
-        let mut names: Vec<String> = self
-            .ns
-            .secrets()
-            .list(&Default::default())
-            .await?
-            .items
-            .into_iter()
-            .filter_map(|s| s.metadata.name)
-            .collect();
-        names.sort();
-        Ok(names)
+        self.ns.secret_names().await
     }
 
     async fn reconcile(&self, name: &str) -> Result<Outcome> {
