@@ -583,6 +583,27 @@ mod tests {
     }
 
     #[test]
+    fn a_plan_is_empty_only_when_there_is_neither_a_suspension_to_lift_nor_a_fence() {
+        assert!(ReleasePlan::of(&release(&[], &["finalizers.fluxcd.io"])).is_empty());
+        assert!(ReleasePlan::of(&release(&[("velero", "Update")], &[])).is_empty());
+        assert!(!ReleasePlan::of(&release(&[], &[FENCE_FINALIZER])).is_empty());
+        assert!(!ReleasePlan::of(&release(&[("flux-plunger", "Apply")], &[])).is_empty());
+    }
+
+    #[test]
+    fn the_budget_retries_for_the_window_and_finishes_a_margin_later() {
+        let before = Instant::now();
+        let budget = Budget::from_now(Duration::from_secs(10), Duration::from_secs(5));
+        let after = Instant::now();
+        assert!(budget.retry_until >= before + Duration::from_secs(10));
+        assert!(budget.retry_until <= after + Duration::from_secs(10));
+        assert_eq!(
+            budget.finish_by - budget.retry_until,
+            Duration::from_secs(5)
+        );
+    }
+
+    #[test]
     fn the_patch_pins_the_read_and_removes_every_fence_from_the_highest_index() {
         let r = release(
             &[("flux-plunger", "Apply")],
