@@ -1,0 +1,811 @@
+//! Randomized interleavings (issue #10): many seeded runs of "a stuck release
+//! is being recovered while it is deleted", against the real apiserver.
+//!
+//! Each run has its own namespace and draws everything from its seed: random
+//! delays at every recovery step of an in-process `Reconciler` (through its
+//! `TestHooks`), between the simulated helm-controller's passes and between
+//! the controller's passes, a delete that lands at a random moment (after a
+//! random time, or as the recovery reaches a random step), a suspension by
+//! another manager before it or not, and a fault proxy between flux-plunger's
+//! client and the apiserver. The release, helm-controller and the test's own
+//! writes use a direct client: the faults are flux-plunger's to survive.
+//!
+//! Once a run settles (the release is gone, or nothing changes while both
+//! controllers keep passing over it) the invariants of SPEC §4-§5 are checked:
+//! - a release deleted without a foreign suspension was uninstalled;
+//! - a release suspended by another manager, then deleted, kept its resources;
+//! - nothing is left Terminating once helm-controller has answered;
+//! - a live, settled release carries no suspension or fence of ours;
+//! - no storage Secret but the stuck revision was deleted.
+//!
+//! A failing seed is printed with its timeline and can be replayed:
+//! `FLUX_PLUNGER_SEEDS=17,23 cargo test -p plunger --test interleavings -- --nocapture`.
+//! Which requests a fault hits depends on how the run's tasks interleave in
+//! time, so a replay runs the same scenario and fault rates, not always the
+//! very same order. CI runs a fixed seed set; `make soak` runs many more
+//! (`FLUX_PLUNGER_SEED_COUNT`, from `FLUX_PLUNGER_SEED_BASE`).
+
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use futures::{FutureExt, StreamExt};
+use kube::api::{DeleteParams, DynamicObject, Patch, PatchParams};
+use plunger::events::Events;
+use plunger::names::{FIELD_MANAGER, HELMRELEASE_API_VERSION, HELMRELEASE_KIND};
+use plunger::reconcile::{Outcome, Reconciler, Step, TestHooks};
+use plunger::release::ReleaseView;
+use plunger::timings::Timings;
+use serde_json::json;
+use testkit::{
+    FaultPlan, FaultProxy, FaultReport, Handled, Rates, SeededRng, SimulatedHelmController,
+    TestNamespace, control_plane,
+};
+
+/// The seeds CI runs: fixed, so a red CI is a seed anyone can replay.
+const CI_SEEDS: std::ops::RangeInclusive<u64> = 1..=32;
+/// Runs at a time: each mostly waits on its own delays.
+const DEFAULT_PARALLEL: usize = 4;
+/// A run that has not settled by then is a violation: something is stuck.
+const SETTLE_TIMEOUT: Duration = Duration::from_secs(90);
+const NAME: &str = "web";
+/// Another release's storage in the same namespace: never ours to delete.
+const NEIGHBOUR: &str = "neighbour";
+/// The managers that suspend a release in these runs, besides us.
+const MIGRATION_MANAGER: &str = "migration-tool";
+const FLUX_CLI_MANAGER: &str = "flux";
+
+/// The steps a delete or a foreign suspension may be timed to.
+const STEPS: [Step; 5] = [
+    Step::BeforeAcquire,
+    Step::BeforeForcedAcquire,
+    Step::Acquired,
+    Step::Annotated,
+    Step::BeforeLift,
+];
+
+#[derive(Debug, Clone, Copy)]
+enum Trigger {
+    /// This long after the run starts.
+    After(Duration),
+    /// When the recovery reaches this step (or after a while, if it never does).
+    AtStep(Step),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ForeignSuspension {
+    /// A server-side apply, forced (a migration or backup tool): it co-owns
+    /// `spec.suspend` even when ours already set it.
+    Apply,
+    /// A merge patch (`flux suspend`, kubectl): it owns `spec.suspend` only
+    /// if it changed the value.
+    Update,
+}
+
+/// Everything a seed decides.
+#[derive(Debug, Clone)]
+struct Scenario {
+    seed: u64,
+    below_status: &'static str,
+    stuck_status: &'static str,
+    foreign: Option<(ForeignSuspension, Trigger)>,
+    delete: Option<Trigger>,
+    step_delay_max: Duration,
+    controller_delay_max: Duration,
+    helm_controller_delay_max: Duration,
+    fault_level: f64,
+    /// Suspend without the fence: only for the test that shows the checks
+    /// catch the orphaning the fence prevents.
+    unfenced: bool,
+}
+
+impl Scenario {
+    fn from_seed(seed: u64) -> Self {
+        let mut rng = SeededRng::fork(seed, "scenario");
+        let trigger = |rng: &mut SeededRng| {
+            if rng.chance(0.5) {
+                Trigger::AtStep(*rng.pick(&STEPS))
+            } else {
+                Trigger::After(rng.delay_up_to(Duration::from_millis(1_200)))
+            }
+        };
+        let foreign = rng.chance(0.35).then(|| {
+            let kind = *rng.pick(&[ForeignSuspension::Apply, ForeignSuspension::Update]);
+            (kind, trigger(&mut rng))
+        });
+        let delete = rng.chance(0.7).then(|| trigger(&mut rng));
+        let ms = Duration::from_millis;
+        Self {
+            seed,
+            // Statuses that explain "has no deployed releases" below too: only
+            // the processed guard keeps the revision below from being reclaimed.
+            below_status: *rng.pick(&["superseded", "failed", "pending-upgrade"]),
+            stuck_status: *rng.pick(&["uninstalling", "failed", "pending-upgrade", "unknown"]),
+            foreign,
+            delete,
+            step_delay_max: *rng.pick(&[ms(0), ms(20), ms(80), ms(250)]),
+            controller_delay_max: *rng.pick(&[ms(5), ms(50), ms(150)]),
+            helm_controller_delay_max: *rng.pick(&[ms(10), ms(80), ms(300)]),
+            fault_level: *rng.pick(&[0.0, 0.02, 0.05, 0.08]),
+            unfenced: false,
+        }
+    }
+
+    /// Faults on every verb; conflicts on writes; 429s rarer, each costs a
+    /// second of `Retry-After`.
+    fn fault_plan(&self) -> FaultPlan {
+        let level = self.fault_level;
+        let rates = Rates {
+            reset_before: level,
+            reset_after: level,
+            internal_error: level,
+            unavailable: level,
+            conflict: level,
+            too_many_requests: level / 4.0,
+            latency: if level > 0.0 { 0.3 } else { 0.0 },
+        };
+        let mut plan = FaultPlan::every_verb(self.seed, rates);
+        plan.max_latency = Duration::from_millis(40);
+        plan
+    }
+}
+
+/// What happened in a run, in order, for the report of a failing seed.
+#[derive(Clone, Default)]
+struct Timeline {
+    started: Arc<Mutex<Option<Instant>>>,
+    lines: Arc<Mutex<Vec<String>>>,
+}
+
+impl Timeline {
+    fn start(&self) {
+        *self.started.lock().unwrap() = Some(Instant::now());
+    }
+
+    fn note(&self, who: &str, what: impl std::fmt::Display) {
+        let at = self
+            .started
+            .lock()
+            .unwrap()
+            .map(|s| s.elapsed().as_millis())
+            .unwrap_or_default();
+        self.lines
+            .lock()
+            .unwrap()
+            .push(format!("{at:>6} ms  {who:<8} {what}"));
+    }
+
+    fn render(&self) -> String {
+        self.lines.lock().unwrap().join("\n")
+    }
+}
+
+/// Passes made by each loop, so that "quiet" means both kept looking.
+#[derive(Default)]
+struct Passes {
+    controller_ok: AtomicU64,
+    helm_controller: AtomicU64,
+}
+
+/// What one run ended with.
+struct RunResult {
+    scenario: Scenario,
+    violations: Vec<String>,
+    timeline: String,
+    faults: FaultReport,
+    recovered: bool,
+    absorbed_foreign_update: bool,
+    /// helm-controller met the delete under our suspension and skipped the
+    /// uninstall: only the fence kept the release for a second pass.
+    fence_mattered: bool,
+    took: Duration,
+}
+
+fn seeds() -> Vec<u64> {
+    if let Ok(list) = std::env::var("FLUX_PLUNGER_SEEDS") {
+        return list
+            .split(|c: char| c == ',' || c.is_whitespace())
+            .filter(|s| !s.is_empty())
+            .map(|s| {
+                s.parse()
+                    .expect("FLUX_PLUNGER_SEEDS: comma-separated integers")
+            })
+            .collect();
+    }
+    if let Ok(count) = std::env::var("FLUX_PLUNGER_SEED_COUNT") {
+        let count: u64 = count.parse().expect("FLUX_PLUNGER_SEED_COUNT: an integer");
+        let base = std::env::var("FLUX_PLUNGER_SEED_BASE")
+            .ok()
+            .filter(|b| !b.is_empty())
+            .map(|b| b.parse().expect("FLUX_PLUNGER_SEED_BASE: an integer"))
+            // A soak explores new seeds each time; the base is printed.
+            .unwrap_or_else(|| {
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_secs() % 1_000_000 * 1_000)
+                    .unwrap_or_default()
+            });
+        println!("interleavings: seeds {base}..{}", base + count);
+        return (base..base + count).collect();
+    }
+    CI_SEEDS.collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn recoveries_raced_by_deletes_and_faults_never_orphan_strand_or_lose_anything() -> Result<()>
+{
+    let seeds = seeds();
+    let parallel = std::env::var("FLUX_PLUNGER_INTERLEAVINGS_PARALLEL")
+        .ok()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(DEFAULT_PARALLEL);
+    let started = Instant::now();
+    let total = seeds.len();
+    let done = AtomicU64::new(0);
+    let results: Vec<RunResult> = futures::stream::iter(seeds)
+        .map(|seed| async move {
+            match run(Scenario::from_seed(seed)).await {
+                Ok(result) => result,
+                // A run that could not even be arranged is reported as such.
+                Err(err) => RunResult {
+                    scenario: Scenario::from_seed(seed),
+                    violations: vec![format!("the run failed: {err:#}")],
+                    timeline: String::new(),
+                    faults: FaultReport::default(),
+                    recovered: false,
+                    absorbed_foreign_update: false,
+                    fence_mattered: false,
+                    took: Duration::ZERO,
+                },
+            }
+        })
+        .buffer_unordered(parallel)
+        .inspect(|r| {
+            let n = done.fetch_add(1, Ordering::SeqCst) + 1;
+            println!(
+                "[{n}/{total}] seed {}: {} in {:.1}s ({} faults injected){}",
+                r.scenario.seed,
+                if r.violations.is_empty() {
+                    "ok"
+                } else {
+                    "VIOLATION"
+                },
+                r.took.as_secs_f64(),
+                r.faults.total_faults(),
+                if r.recovered { ", recovered" } else { "" },
+            );
+            if !r.violations.is_empty() {
+                // Say it now: a soak may run long after this seed.
+                println!("    {}", r.violations.join("\n    "));
+            }
+        })
+        .collect()
+        .await;
+
+    let mut faults = FaultReport::default();
+    for r in &results {
+        faults.merge(&r.faults);
+    }
+    let failed: Vec<&RunResult> = results
+        .iter()
+        .filter(|r| !r.violations.is_empty())
+        .collect();
+    let deleted = results
+        .iter()
+        .filter(|r| r.scenario.delete.is_some())
+        .count();
+    let foreign = results
+        .iter()
+        .filter(|r| r.scenario.foreign.is_some())
+        .count();
+    println!(
+        "interleavings: {} seeds in {:.1}s: {} deleted ({} of them under our suspension, held by the fence), {} suspended by another manager ({} of them absorbed by our suspension), {} recovered; {} violating",
+        results.len(),
+        started.elapsed().as_secs_f64(),
+        deleted,
+        results.iter().filter(|r| r.fence_mattered).count(),
+        foreign,
+        results.iter().filter(|r| r.absorbed_foreign_update).count(),
+        results.iter().filter(|r| r.recovered).count(),
+        failed.len(),
+    );
+    println!("interleavings: fault proxy: {faults}");
+    for r in &failed {
+        println!(
+            "\n=== seed {} VIOLATED ===\nscenario: {:?}\nviolations:\n  - {}\nfaults: {}\ntimeline:\n{}",
+            r.scenario.seed,
+            r.scenario,
+            r.violations.join("\n  - "),
+            r.faults,
+            r.timeline
+        );
+    }
+    if !failed.is_empty() {
+        let seeds: Vec<String> = failed.iter().map(|r| r.scenario.seed.to_string()).collect();
+        panic!(
+            "{} of {} seeds violated an invariant; replay with FLUX_PLUNGER_SEEDS={} cargo test -p plunger --test interleavings -- --nocapture",
+            failed.len(),
+            results.len(),
+            seeds.join(",")
+        );
+    }
+    Ok(())
+}
+
+/// The checks are worth something only if they catch what the fence is
+/// for: without it, a delete landing while the recovery holds its suspension
+/// makes helm-controller skip the uninstall, and some run must say so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_fence_the_checks_catch_an_orphaned_release() -> Result<()> {
+    let mut orphaned = Vec::new();
+    for seed in 1..=4 {
+        let scenario = Scenario {
+            foreign: None,
+            delete: Some(Trigger::AtStep(Step::Acquired)),
+            step_delay_max: Duration::from_millis(250),
+            helm_controller_delay_max: Duration::from_millis(10),
+            fault_level: 0.0,
+            unfenced: true,
+            ..Scenario::from_seed(seed)
+        };
+        let result = run(scenario).await?;
+        if result
+            .violations
+            .iter()
+            .any(|v| v.contains("not uninstalled"))
+        {
+            orphaned.push(seed);
+        }
+    }
+    println!("unfenced: seeds {orphaned:?} of 1..=4 were caught orphaning their release");
+    assert!(
+        !orphaned.is_empty(),
+        "no unfenced run was caught orphaning its release"
+    );
+    Ok(())
+}
+
+/// One seeded run: arrange, race, settle, check.
+async fn run(scenario: Scenario) -> Result<RunResult> {
+    let started = Instant::now();
+    let admin = control_plane().client().await?;
+    let ns = TestNamespace::create(&admin, "interleave").await?;
+    let hc = SimulatedHelmController::new(admin.clone(), &ns.name);
+
+    // A release as helm-controller leaves it stuck: installed, its finalizer
+    // on, the newest revision in a status Helm cannot upgrade from.
+    ns.create_release(NAME, json!({})).await?;
+    hc.install(NAME).await?;
+    anyhow::ensure!(hc.handle(NAME).await? == Handled::AddedFinalizer);
+    ns.create_storage_secret(NAME, 1, scenario.below_status)
+        .await?;
+    ns.create_storage_secret(NAME, 2, scenario.stuck_status)
+        .await?;
+    ns.create_storage_secret(NEIGHBOUR, 1, "uninstalling")
+        .await?;
+    ns.mark_stuck(NAME).await?;
+    let stuck_secret = plunger::names::storage_secret_name(NAME, 2);
+    let secrets_before = secret_names(&ns).await?;
+
+    let proxy = FaultProxy::in_front_of_control_plane(scenario.fault_plan()).await?;
+    let timeline = Timeline::default();
+    let steps = Arc::new(tokio::sync::Notify::new());
+    let wanted_step: Arc<Mutex<Vec<Step>>> = Arc::default();
+    let reconciler = Arc::new(reconciler(
+        proxy.client()?,
+        &scenario,
+        &timeline,
+        steps.clone(),
+        wanted_step.clone(),
+    ));
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let passes = Arc::new(Passes::default());
+    timeline.start();
+    let controller = tokio::spawn(controller_loop(
+        reconciler,
+        ns.name.clone(),
+        SeededRng::fork(scenario.seed, "controller"),
+        scenario.controller_delay_max,
+        stop.clone(),
+        passes.clone(),
+        timeline.clone(),
+    ));
+    let helm_controller = tokio::spawn(helm_controller_loop(
+        hc.clone(),
+        SeededRng::fork(scenario.seed, "helm-controller"),
+        scenario.helm_controller_delay_max,
+        stop.clone(),
+        passes.clone(),
+        timeline.clone(),
+    ));
+
+    let foreign_owned = act(&scenario, &ns, &timeline, &steps, &wanted_step).await?;
+    let settled = settle(&ns, &passes, &controller, &helm_controller).await?;
+    stop.store(true, Ordering::SeqCst);
+    let _ = tokio::time::timeout(Duration::from_secs(30), controller).await;
+    let _ = tokio::time::timeout(Duration::from_secs(30), helm_controller).await;
+    if !settled {
+        timeline.note("test", "did not settle");
+    }
+
+    let mut violations = Vec::new();
+    if !settled {
+        violations.push(format!(
+            "did not settle within {SETTLE_TIMEOUT:?}: {}",
+            describe(ns.releases().get_opt(NAME).await?.as_ref())
+        ));
+    }
+    let foreign_suspended = foreign_owned == Some(true);
+    check(
+        &scenario,
+        &ns,
+        &hc,
+        foreign_suspended,
+        &secrets_before,
+        &stuck_secret,
+        &mut violations,
+    )
+    .await?;
+    let recovered = !secret_names(&ns).await?.contains(&stuck_secret);
+    let fence_mattered = !foreign_suspended
+        && hc
+            .decisions_for(NAME)
+            .contains(&Handled::UninstallSkippedBecauseSuspended);
+    Ok(RunResult {
+        fence_mattered,
+        absorbed_foreign_update: foreign_owned == Some(false),
+        scenario,
+        violations,
+        timeline: timeline.render(),
+        faults: proxy.report(),
+        recovered,
+        took: started.elapsed(),
+    })
+}
+
+fn reconciler(
+    client: kube::Client,
+    scenario: &Scenario,
+    timeline: &Timeline,
+    steps: Arc<tokio::sync::Notify>,
+    wanted_step: Arc<Mutex<Vec<Step>>>,
+) -> Reconciler {
+    let mut reconciler = Reconciler::new(
+        client.clone(),
+        Events::new(client, "flux-plunger", None),
+        Timings::default(),
+    );
+    let rng = Arc::new(Mutex::new(SeededRng::fork(scenario.seed, "steps")));
+    let max = scenario.step_delay_max;
+    let timeline = timeline.clone();
+    reconciler.hooks = TestHooks {
+        unfenced: scenario.unfenced,
+        pause: Some(Arc::new(move |step| {
+            timeline.note("step", format!("{step:?}"));
+            // The actor waits for this step: wake it, and let the delete race
+            // the rest of this step.
+            let mut wanted = wanted_step.lock().unwrap();
+            if let Some(i) = wanted.iter().position(|s| *s == step) {
+                wanted.remove(i);
+                steps.notify_one();
+            }
+            let delay = rng.lock().unwrap().delay_up_to(max);
+            tokio::time::sleep(delay).boxed()
+        })),
+    };
+    reconciler
+}
+
+/// flux-plunger's controller, as its watch would drive it: a pass, then the
+/// next one after a random pause (a watch event, a requeue, a retry).
+async fn controller_loop(
+    reconciler: Arc<Reconciler>,
+    namespace: String,
+    mut rng: SeededRng,
+    delay_max: Duration,
+    stop: Arc<AtomicBool>,
+    passes: Arc<Passes>,
+    timeline: Timeline,
+) {
+    while !stop.load(Ordering::SeqCst) {
+        match reconciler.reconcile(&namespace, NAME).await {
+            Ok(Outcome::Gone) => {
+                timeline.note("plunger", "Gone");
+                return;
+            }
+            Ok(outcome) => {
+                timeline.note("plunger", format!("{outcome:?}"));
+                passes.controller_ok.fetch_add(1, Ordering::SeqCst);
+            }
+            Err(err) => timeline.note("plunger", format!("error: {err}")),
+        }
+        tokio::time::sleep(rng.delay_up_to(delay_max)).await;
+    }
+}
+
+/// The simulated helm-controller, passing over the release at random times.
+async fn helm_controller_loop(
+    hc: SimulatedHelmController,
+    mut rng: SeededRng,
+    delay_max: Duration,
+    stop: Arc<AtomicBool>,
+    passes: Arc<Passes>,
+    timeline: Timeline,
+) {
+    while !stop.load(Ordering::SeqCst) {
+        tokio::time::sleep(rng.delay_up_to(delay_max)).await;
+        match hc.handle(NAME).await {
+            Ok(Handled::Gone) => {
+                timeline.note("helm", "Gone");
+                return;
+            }
+            Ok(handled) => {
+                if handled != Handled::Reconciled {
+                    timeline.note("helm", format!("{handled:?}"));
+                }
+                passes.helm_controller.fetch_add(1, Ordering::SeqCst);
+            }
+            Err(err) => timeline.note("helm", format!("error: {err:#}")),
+        }
+    }
+}
+
+/// The other actors: another manager's suspension, then the delete, each
+/// when its trigger fires. Returns whether the other manager owns
+/// `spec.suspend` after its write (`None`: no such write).
+async fn act(
+    scenario: &Scenario,
+    ns: &TestNamespace,
+    timeline: &Timeline,
+    steps: &tokio::sync::Notify,
+    wanted_step: &Mutex<Vec<Step>>,
+) -> Result<Option<bool>> {
+    let mut foreign_owned = None;
+    if let Some((kind, trigger)) = scenario.foreign {
+        wait_for(trigger, steps, wanted_step).await;
+        let (object, manager) = suspend_as_another_manager(ns, kind).await?;
+        let owned = owns_suspend(&object, manager);
+        timeline.note(
+            "actor",
+            format!("suspended by {manager} ({kind:?}); it owns the suspension: {owned}"),
+        );
+        foreign_owned = Some(owned);
+    }
+    if let Some(trigger) = scenario.delete {
+        wait_for(trigger, steps, wanted_step).await;
+        ns.releases()
+            .delete(NAME, &DeleteParams::default())
+            .await
+            .context("deleting the release")?;
+        timeline.note("actor", "deleted the release");
+    }
+    Ok(foreign_owned)
+}
+
+async fn wait_for(trigger: Trigger, steps: &tokio::sync::Notify, wanted_step: &Mutex<Vec<Step>>) {
+    match trigger {
+        Trigger::After(delay) => tokio::time::sleep(delay).await,
+        Trigger::AtStep(step) => {
+            wanted_step.lock().unwrap().push(step);
+            // A recovery may never reach the step (a deferred acquire, a
+            // release already recovered): then act a little later anyway.
+            let _ = tokio::time::timeout(Duration::from_millis(1_500), steps.notified()).await;
+            wanted_step.lock().unwrap().retain(|s| *s != step);
+        }
+    }
+}
+
+async fn suspend_as_another_manager(
+    ns: &TestNamespace,
+    kind: ForeignSuspension,
+) -> Result<(DynamicObject, &'static str)> {
+    Ok(match kind {
+        ForeignSuspension::Apply => {
+            let body = json!({"apiVersion": HELMRELEASE_API_VERSION, "kind": HELMRELEASE_KIND,
+                "metadata": {"name": NAME}, "spec": {"suspend": true}});
+            let object = ns
+                .releases()
+                .patch(
+                    NAME,
+                    &PatchParams::apply(MIGRATION_MANAGER).force(),
+                    &Patch::Apply(body),
+                )
+                .await?;
+            (object, MIGRATION_MANAGER)
+        }
+        ForeignSuspension::Update => {
+            let params = PatchParams {
+                field_manager: Some(FLUX_CLI_MANAGER.into()),
+                ..Default::default()
+            };
+            let object = ns
+                .releases()
+                .patch(
+                    NAME,
+                    &params,
+                    &Patch::Merge(json!({"spec": {"suspend": true}})),
+                )
+                .await?;
+            (object, FLUX_CLI_MANAGER)
+        }
+    })
+}
+
+/// Waits until the release is gone, or until nothing changes on it while
+/// flux-plunger and helm-controller each pass over it twice, twice running.
+/// False when neither happens in time.
+async fn settle(
+    ns: &TestNamespace,
+    passes: &Passes,
+    controller: &tokio::task::JoinHandle<()>,
+    helm_controller: &tokio::task::JoinHandle<()>,
+) -> Result<bool> {
+    let deadline = Instant::now() + SETTLE_TIMEOUT;
+    let mut quiet = 0;
+    while Instant::now() < deadline {
+        if controller.is_finished() && helm_controller.is_finished() {
+            return Ok(true);
+        }
+        let before = resource_version(ns).await?;
+        let counts = |p: &Passes| {
+            (
+                p.controller_ok.load(Ordering::SeqCst),
+                p.helm_controller.load(Ordering::SeqCst),
+            )
+        };
+        let (c0, h0) = counts(passes);
+        while Instant::now() < deadline {
+            let (c, h) = counts(passes);
+            if (c >= c0 + 2 && h >= h0 + 2) || controller.is_finished() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        let after = resource_version(ns).await?;
+        if before.is_some() && before == after {
+            quiet += 1;
+            if quiet >= 2 {
+                return Ok(true);
+            }
+        } else {
+            quiet = 0;
+        }
+    }
+    Ok(false)
+}
+
+async fn resource_version(ns: &TestNamespace) -> Result<Option<String>> {
+    Ok(ns
+        .releases()
+        .get_opt(NAME)
+        .await?
+        .and_then(|o| o.metadata.resource_version))
+}
+
+/// The invariants, on the settled world, read directly.
+async fn check(
+    scenario: &Scenario,
+    ns: &TestNamespace,
+    hc: &SimulatedHelmController,
+    foreign_suspended: bool,
+    secrets_before: &BTreeSet<String>,
+    stuck_secret: &str,
+    violations: &mut Vec<String>,
+) -> Result<()> {
+    let secrets_after = secret_names(ns).await?;
+    for lost in secrets_before.difference(&secrets_after) {
+        if lost != stuck_secret {
+            violations.push(format!(
+                "storage Secret {lost} was deleted; only {stuck_secret} may be"
+            ));
+        }
+    }
+    let release = ns.releases().get_opt(NAME).await?;
+    let decisions = hc.decisions_for(NAME);
+    let resources = hc.resources_exist(NAME).await?;
+    if scenario.delete.is_some() {
+        if let Some(object) = &release {
+            violations.push(format!(
+                "left Terminating after helm-controller answered ({decisions:?}): {}",
+                describe(Some(object))
+            ));
+        }
+        if foreign_suspended {
+            if !resources {
+                violations.push(format!(
+                    "suspended by another manager, then deleted: its resources must stay, but were uninstalled ({decisions:?})"
+                ));
+            }
+        } else if !decisions.contains(&Handled::Uninstalled) || resources {
+            violations.push(format!(
+                "deleted without a foreign suspension but not uninstalled: decisions {decisions:?}, resources left: {resources}"
+            ));
+        }
+    } else {
+        let Some(object) = &release else {
+            violations.push("a release nobody deleted is gone".to_owned());
+            return Ok(());
+        };
+        let view = ReleaseView::from_object(object);
+        if view.has_fence() {
+            violations.push(format!(
+                "our fence is left on a live, settled release: {}",
+                describe(Some(object))
+            ));
+        }
+        if we_own_suspend_or_finalizers(object) {
+            violations.push(format!(
+                "flux-plunger still owns spec.suspend or finalizers of a live, settled release: {}",
+                describe(Some(object))
+            ));
+        }
+        if view.suspend && !foreign_suspended {
+            violations.push(format!(
+                "suspended, and no other manager suspended it: {}",
+                describe(Some(object))
+            ));
+        }
+        if !resources {
+            violations.push("a live release lost its resources".to_owned());
+        }
+    }
+    Ok(())
+}
+
+async fn secret_names(ns: &TestNamespace) -> Result<BTreeSet<String>> {
+    Ok(ns
+        .secrets()
+        .list(&Default::default())
+        .await?
+        .items
+        .into_iter()
+        .filter_map(|s| s.metadata.name)
+        .collect())
+}
+
+/// Whether `manager` owns `spec.suspend` in any managedFields entry.
+fn owns_suspend(object: &DynamicObject, manager: &str) -> bool {
+    object.metadata.managed_fields.iter().flatten().any(|e| {
+        e.manager.as_deref() == Some(manager)
+            && e.fields_v1
+                .as_ref()
+                .is_some_and(|f| f.0.pointer("/f:spec/f:suspend").is_some())
+    })
+}
+
+fn we_own_suspend_or_finalizers(object: &DynamicObject) -> bool {
+    object.metadata.managed_fields.iter().flatten().any(|e| {
+        e.manager.as_deref() == Some(FIELD_MANAGER)
+            && e.fields_v1.as_ref().is_some_and(|f| {
+                f.0.pointer("/f:spec/f:suspend").is_some()
+                    || f.0.pointer("/f:metadata/f:finalizers").is_some()
+            })
+    })
+}
+
+fn describe(object: Option<&DynamicObject>) -> String {
+    let Some(object) = object else {
+        return "gone".to_owned();
+    };
+    let view = ReleaseView::from_object(object);
+    let owners: Vec<String> = object
+        .metadata
+        .managed_fields
+        .iter()
+        .flatten()
+        .map(|e| {
+            format!(
+                "{}/{}",
+                e.manager.as_deref().unwrap_or("?"),
+                e.operation.as_deref().unwrap_or("?")
+            )
+        })
+        .collect();
+    format!(
+        "terminating {}, suspend {}, finalizers {:?}, generation {:?}, observed {:?}, managers {owners:?}",
+        view.terminating, view.suspend, view.finalizers, view.generation, view.observed_generation
+    )
+}
