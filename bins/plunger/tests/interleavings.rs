@@ -33,10 +33,12 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use futures::{FutureExt, StreamExt};
 use kube::api::{DeleteParams, DynamicObject, Patch, PatchParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use plunger::decide::is_of_interest;
 use plunger::events::Events;
 use plunger::names::{FIELD_MANAGER, HELMRELEASE_API_VERSION, HELMRELEASE_KIND};
 use plunger::reconcile::{Outcome, Reconciler, Step, TestHooks};
-use plunger::release::ReleaseView;
+use plunger::release::{ReleaseView, helmreleases};
 use plunger::timings::Timings;
 use serde_json::json;
 use testkit::{
@@ -57,11 +59,14 @@ const NEIGHBOUR: &str = "neighbour";
 const MIGRATION_MANAGER: &str = "migration-tool";
 const FLUX_CLI_MANAGER: &str = "flux";
 
-/// The steps a delete or a foreign suspension may be timed to.
-const STEPS: [Step; 5] = [
+/// The steps a delete or a foreign suspension may be timed to, the ones
+/// under our suspension twice as often: there the fence has work to do.
+const STEPS: [Step; 7] = [
     Step::BeforeAcquire,
     Step::BeforeForcedAcquire,
     Step::Acquired,
+    Step::Acquired,
+    Step::Annotated,
     Step::Annotated,
     Step::BeforeLift,
 ];
@@ -182,11 +187,23 @@ impl Timeline {
     }
 }
 
-/// Passes made by each loop, so that "quiet" means both kept looking.
+/// What the loops report to the settle check.
 #[derive(Default)]
-struct Passes {
-    controller_ok: AtomicU64,
-    helm_controller: AtomicU64,
+struct Progress {
+    /// Passes of the simulated helm-controller.
+    helm_controller_passes: AtomicU64,
+    /// The resourceVersion flux-plunger's controller last saw from its watch,
+    /// while it waits for a change with nothing pending (no event, requeue
+    /// or retry); `None` while it works or has something to do.
+    controller_idle_at: Mutex<Option<String>>,
+}
+
+/// What a run's loops share: when to stop, what they report, their log.
+#[derive(Clone)]
+struct Loops {
+    stop: Arc<AtomicBool>,
+    progress: Arc<Progress>,
+    timeline: Timeline,
 }
 
 /// What one run ended with.
@@ -312,10 +329,21 @@ async fn recoveries_raced_by_deletes_and_faults_never_orphan_strand_or_lose_anyt
         failed.len(),
     );
     println!("interleavings: fault proxy: {faults}");
-    for r in &failed {
+    // FLUX_PLUNGER_TIMELINES=1 shows every run's timeline, not only a failing one's.
+    let shown: Vec<&RunResult> = if std::env::var_os("FLUX_PLUNGER_TIMELINES").is_some() {
+        results.iter().collect()
+    } else {
+        failed.clone()
+    };
+    for r in &shown {
         println!(
-            "\n=== seed {} VIOLATED ===\nscenario: {:?}\nviolations:\n  - {}\nfaults: {}\ntimeline:\n{}",
+            "\n=== seed {} {} ===\nscenario: {:?}\nviolations:\n  - {}\nfaults: {}\ntimeline:\n{}",
             r.scenario.seed,
+            if r.violations.is_empty() {
+                "ok"
+            } else {
+                "VIOLATED"
+            },
             r.scenario,
             r.violations.join("\n  - "),
             r.faults,
@@ -402,28 +430,30 @@ async fn run(scenario: Scenario) -> Result<RunResult> {
     ));
 
     let stop = Arc::new(AtomicBool::new(false));
-    let passes = Arc::new(Passes::default());
+    let progress = Arc::new(Progress::default());
+    let loops = Loops {
+        stop: stop.clone(),
+        progress: progress.clone(),
+        timeline: timeline.clone(),
+    };
     timeline.start();
     let controller = tokio::spawn(controller_loop(
         reconciler,
+        proxy.client()?,
         ns.name.clone(),
         SeededRng::fork(scenario.seed, "controller"),
         scenario.controller_delay_max,
-        stop.clone(),
-        passes.clone(),
-        timeline.clone(),
+        loops.clone(),
     ));
     let helm_controller = tokio::spawn(helm_controller_loop(
         hc.clone(),
         SeededRng::fork(scenario.seed, "helm-controller"),
         scenario.helm_controller_delay_max,
-        stop.clone(),
-        passes.clone(),
-        timeline.clone(),
+        loops.clone(),
     ));
 
     let foreign_owned = act(&scenario, &ns, &timeline, &steps, &wanted_step).await?;
-    let settled = settle(&ns, &passes, &controller, &helm_controller).await?;
+    let settled = settle(&ns, &progress).await?;
     stop.store(true, Ordering::SeqCst);
     let _ = tokio::time::timeout(Duration::from_secs(30), controller).await;
     let _ = tokio::time::timeout(Duration::from_secs(30), helm_controller).await;
@@ -499,30 +529,79 @@ fn reconciler(
     reconciler
 }
 
-/// flux-plunger's controller, as its watch would drive it: a pass, then the
-/// next one after a random pause (a watch event, a requeue, a retry).
+/// flux-plunger's controller as `flux-plunger` runs it (bins/flux-plunger's
+/// controller.rs): a watch through the same faulty client, filtered by
+/// `is_of_interest`, a pass per change, a requeue after `FenceHeld` or
+/// `RateLimited`, a retry with backoff after an error, and otherwise nothing
+/// until the next change. Polling instead would hide a pass that leaves work
+/// behind without a change to wake the next one. The waits are shortened
+/// (a fence recheck is 60 s in the product) and drawn from the seed.
 async fn controller_loop(
     reconciler: Arc<Reconciler>,
+    client: kube::Client,
     namespace: String,
     mut rng: SeededRng,
     delay_max: Duration,
-    stop: Arc<AtomicBool>,
-    passes: Arc<Passes>,
-    timeline: Timeline,
+    loops: Loops,
 ) {
+    let Loops {
+        stop,
+        progress,
+        timeline,
+    } = loops;
+    let config = watcher::Config::default().fields(&format!("metadata.name={NAME}"));
+    let mut changes = watcher(helmreleases(client, &namespace), config)
+        .default_backoff()
+        .applied_objects()
+        .boxed();
+    let mut last_seen: Option<String> = None;
+    let mut due = false;
+    let mut requeue_at: Option<tokio::time::Instant> = None;
     while !stop.load(Ordering::SeqCst) {
-        match reconciler.reconcile(&namespace, NAME).await {
-            Ok(Outcome::Gone) => {
-                timeline.note("plunger", "Gone");
-                return;
+        if !due {
+            *progress.controller_idle_at.lock().unwrap() =
+                requeue_at.is_none().then(|| last_seen.clone()).flatten();
+            let requeue = requeue_at.unwrap_or_else(tokio::time::Instant::now);
+            tokio::select! {
+                change = changes.next() => match change {
+                    Some(Ok(object)) => {
+                        last_seen = object.metadata.resource_version.clone();
+                        due |= is_of_interest(&ReleaseView::from_object(&object));
+                    }
+                    Some(Err(err)) => timeline.note("plunger", format!("watch: {err}")),
+                    None => return,
+                },
+                _ = tokio::time::sleep_until(requeue), if requeue_at.is_some() => due = true,
+                // Look at the stop flag now and then.
+                _ = tokio::time::sleep(Duration::from_millis(100)) => {}
             }
-            Ok(outcome) => {
-                timeline.note("plunger", format!("{outcome:?}"));
-                passes.controller_ok.fetch_add(1, Ordering::SeqCst);
-            }
-            Err(err) => timeline.note("plunger", format!("error: {err}")),
+            continue;
         }
+        *progress.controller_idle_at.lock().unwrap() = None;
+        // Changes that came in meanwhile make one pass, not one each: the
+        // controller's queue holds a release once however often it changes.
+        while let Some(Some(change)) = changes.next().now_or_never() {
+            if let Ok(object) = change {
+                last_seen = object.metadata.resource_version.clone();
+            }
+        }
+        due = false;
+        requeue_at = None;
+        let woken_at = last_seen.clone().unwrap_or_default();
+        // The queue's and the scheduler's delay before a pass starts.
         tokio::time::sleep(rng.delay_up_to(delay_max)).await;
+        match reconciler.reconcile(&namespace, NAME).await {
+            Ok(outcome @ (Outcome::FenceHeld { .. } | Outcome::RateLimited { .. })) => {
+                timeline.note("plunger", format!("{outcome:?} (woken at {woken_at})"));
+                requeue_at = Some(tokio::time::Instant::now() + rng.delay_up_to(delay_max * 4));
+            }
+            Ok(outcome) => timeline.note("plunger", format!("{outcome:?} (woken at {woken_at})")),
+            Err(err) => {
+                timeline.note("plunger", format!("error: {err} (woken at {woken_at})"));
+                let backoff = Duration::from_millis(10) + rng.delay_up_to(delay_max * 2);
+                requeue_at = Some(tokio::time::Instant::now() + backoff);
+            }
+        }
     }
 }
 
@@ -531,22 +610,24 @@ async fn helm_controller_loop(
     hc: SimulatedHelmController,
     mut rng: SeededRng,
     delay_max: Duration,
-    stop: Arc<AtomicBool>,
-    passes: Arc<Passes>,
-    timeline: Timeline,
+    loops: Loops,
 ) {
+    let Loops {
+        stop,
+        progress,
+        timeline,
+    } = loops;
     while !stop.load(Ordering::SeqCst) {
         tokio::time::sleep(rng.delay_up_to(delay_max)).await;
         match hc.handle(NAME).await {
-            Ok(Handled::Gone) => {
-                timeline.note("helm", "Gone");
-                return;
-            }
             Ok(handled) => {
-                if handled != Handled::Reconciled {
+                // Gone is a pass too: the settle check counts passes.
+                if !matches!(handled, Handled::Reconciled | Handled::Gone) {
                     timeline.note("helm", format!("{handled:?}"));
                 }
-                passes.helm_controller.fetch_add(1, Ordering::SeqCst);
+                progress
+                    .helm_controller_passes
+                    .fetch_add(1, Ordering::SeqCst);
             }
             Err(err) => timeline.note("helm", format!("error: {err:#}")),
         }
@@ -634,38 +715,25 @@ async fn suspend_as_another_manager(
     })
 }
 
-/// Waits until the release is gone, or until nothing changes on it while
-/// flux-plunger and helm-controller each pass over it twice, twice running.
-/// False when neither happens in time.
-async fn settle(
-    ns: &TestNamespace,
-    passes: &Passes,
-    controller: &tokio::task::JoinHandle<()>,
-    helm_controller: &tokio::task::JoinHandle<()>,
-) -> Result<bool> {
+/// Waits until the release is gone, or until it stays the same while
+/// helm-controller passes over it twice and flux-plunger's controller has
+/// seen that very version and has nothing left to do, twice running. False
+/// when neither happens in time.
+async fn settle(ns: &TestNamespace, progress: &Progress) -> Result<bool> {
     let deadline = Instant::now() + SETTLE_TIMEOUT;
     let mut quiet = 0;
     while Instant::now() < deadline {
-        if controller.is_finished() && helm_controller.is_finished() {
+        let Some(before) = resource_version(ns).await? else {
             return Ok(true);
-        }
-        let before = resource_version(ns).await?;
-        let counts = |p: &Passes| {
-            (
-                p.controller_ok.load(Ordering::SeqCst),
-                p.helm_controller.load(Ordering::SeqCst),
-            )
         };
-        let (c0, h0) = counts(passes);
-        while Instant::now() < deadline {
-            let (c, h) = counts(passes);
-            if (c >= c0 + 2 && h >= h0 + 2) || controller.is_finished() {
-                break;
-            }
+        let passes = || progress.helm_controller_passes.load(Ordering::SeqCst);
+        let start = passes();
+        while passes() < start + 2 && Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(25)).await;
         }
         let after = resource_version(ns).await?;
-        if before.is_some() && before == after {
+        let idle_at = progress.controller_idle_at.lock().unwrap().clone();
+        if after.as_ref() == Some(&before) && idle_at == after {
             quiet += 1;
             if quiet >= 2 {
                 return Ok(true);
