@@ -418,7 +418,11 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
     loop {
         tokio::select! {
             accepted = listener.accept() => {
-                let Ok((stream, _)) = accepted else { continue };
+                let Ok((stream, _)) = accepted else {
+                    // Out of descriptors, most likely: give connections time to end.
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    continue;
+                };
                 connections.spawn(serve_connection(stream, shared.clone()));
             }
             // Reap finished connections so the set does not grow.

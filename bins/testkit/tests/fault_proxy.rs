@@ -112,6 +112,29 @@ async fn a_quiet_proxy_passes_every_verb_through_and_streams_a_watch() -> Result
 }
 
 #[tokio::test]
+async fn a_kubeconfig_for_a_process_goes_through_the_proxy() -> Result<()> {
+    let ns = namespace("proxy-kubeconfig").await?;
+    let proxy = FaultProxy::in_front_of_control_plane(FaultPlan::none(2)).await?;
+    let kubeconfig = kube::config::Kubeconfig::from_yaml(&proxy.kubeconfig_yaml(&ns.name))?;
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await?;
+    assert_eq!(config.default_namespace, ns.name);
+    let client = kube::Client::try_from(config)?;
+
+    Api::<ConfigMap>::default_namespaced(client)
+        .create(&PostParams::default(), &configmap("via-kubeconfig"))
+        .await?;
+
+    assert!(
+        ns_configmaps(&ns)
+            .get_opt("via-kubeconfig")
+            .await?
+            .is_some()
+    );
+    assert_eq!(proxy.report().requests.get(&Verb::Create), Some(&1));
+    Ok(())
+}
+
+#[tokio::test]
 async fn an_injected_conflict_on_a_write_means_nothing_was_written() -> Result<()> {
     let ns = namespace("proxy-409").await?;
     let proxy = proxy(
