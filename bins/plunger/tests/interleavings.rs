@@ -7,8 +7,9 @@
 //! the controller's passes, a delete that lands at a random moment (after a
 //! random time, or as the recovery reaches a random step), a suspension by
 //! another manager before it or not, and a fault proxy between flux-plunger's
-//! client and the apiserver. The release, helm-controller and the test's own
-//! writes use a direct client: the faults are flux-plunger's to survive.
+//! client (its reads, writes and watch) and the apiserver; in some runs
+//! helm-controller meets faults of its own. The test's own writes and checks
+//! use a direct client.
 //!
 //! Once a run settles (the release is gone, or nothing changes while both
 //! controllers keep passing over it) the invariants of SPEC §4-§5 are checked:
@@ -101,6 +102,8 @@ struct Scenario {
     controller_delay_max: Duration,
     helm_controller_delay_max: Duration,
     fault_level: f64,
+    /// Faults on helm-controller's own requests (a proxy of its own).
+    helm_controller_fault_level: f64,
     /// Suspend without the fence: only for the test that shows the checks
     /// catch the orphaning the fence prevents.
     unfenced: bool,
@@ -109,12 +112,11 @@ struct Scenario {
 impl Scenario {
     fn from_seed(seed: u64) -> Self {
         let mut rng = SeededRng::fork(seed, "scenario");
-        let trigger = |rng: &mut SeededRng| {
-            if rng.chance(0.5) {
-                Trigger::AtStep(*rng.pick(&STEPS))
-            } else {
-                Trigger::After(rng.delay_up_to(Duration::from_millis(1_200)))
-            }
+        let trigger = |rng: &mut SeededRng| match rng.below(10) {
+            // At once: before the controller's first pass, most likely.
+            0 | 1 => Trigger::After(Duration::ZERO),
+            2..=5 => Trigger::AtStep(*rng.pick(&STEPS)),
+            _ => Trigger::After(rng.delay_up_to(Duration::from_millis(1_200))),
         };
         let foreign = rng.chance(0.35).then(|| {
             let kind = *rng.pick(&[ForeignSuspension::Apply, ForeignSuspension::Update]);
@@ -134,14 +136,14 @@ impl Scenario {
             controller_delay_max: *rng.pick(&[ms(5), ms(50), ms(150)]),
             helm_controller_delay_max: *rng.pick(&[ms(10), ms(80), ms(300)]),
             fault_level: *rng.pick(&[0.0, 0.02, 0.05, 0.08]),
+            helm_controller_fault_level: *rng.pick(&[0.0, 0.0, 0.03]),
             unfenced: false,
         }
     }
 
     /// Faults on every verb; conflicts on writes; 429s rarer, each costs a
-    /// second of `Retry-After`.
-    fn fault_plan(&self) -> FaultPlan {
-        let level = self.fault_level;
+    /// second of `Retry-After`. `stream` keeps two proxies' draws apart.
+    fn fault_plan(&self, level: f64, stream: u64) -> FaultPlan {
         let rates = Rates {
             reset_before: level,
             reset_after: level,
@@ -151,7 +153,7 @@ impl Scenario {
             too_many_requests: level / 4.0,
             latency: if level > 0.0 { 0.3 } else { 0.0 },
         };
-        let mut plan = FaultPlan::every_verb(self.seed, rates);
+        let mut plan = FaultPlan::every_verb(self.seed ^ stream, rates);
         plan.max_latency = Duration::from_millis(40);
         plan
     }
@@ -212,6 +214,7 @@ struct RunResult {
     violations: Vec<String>,
     timeline: String,
     faults: FaultReport,
+    helm_controller_faults: FaultReport,
     recovered: bool,
     absorbed_foreign_update: bool,
     /// helm-controller met the delete under our suspension and skipped the
@@ -271,6 +274,7 @@ async fn recoveries_raced_by_deletes_and_faults_never_orphan_strand_or_lose_anyt
                     violations: vec![format!("the run failed: {err:#}")],
                     timeline: String::new(),
                     faults: FaultReport::default(),
+                    helm_controller_faults: FaultReport::default(),
                     recovered: false,
                     absorbed_foreign_update: false,
                     fence_mattered: false,
@@ -302,8 +306,10 @@ async fn recoveries_raced_by_deletes_and_faults_never_orphan_strand_or_lose_anyt
         .await;
 
     let mut faults = FaultReport::default();
+    let mut helm_controller_faults = FaultReport::default();
     for r in &results {
         faults.merge(&r.faults);
+        helm_controller_faults.merge(&r.helm_controller_faults);
     }
     let failed: Vec<&RunResult> = results
         .iter()
@@ -328,7 +334,8 @@ async fn recoveries_raced_by_deletes_and_faults_never_orphan_strand_or_lose_anyt
         results.iter().filter(|r| r.recovered).count(),
         failed.len(),
     );
-    println!("interleavings: fault proxy: {faults}");
+    println!("interleavings: flux-plunger's fault proxy: {faults}");
+    println!("interleavings: helm-controller's fault proxy: {helm_controller_faults}");
     // FLUX_PLUNGER_TIMELINES=1 shows every run's timeline, not only a failing one's.
     let shown: Vec<&RunResult> = if std::env::var_os("FLUX_PLUNGER_TIMELINES").is_some() {
         results.iter().collect()
@@ -337,7 +344,7 @@ async fn recoveries_raced_by_deletes_and_faults_never_orphan_strand_or_lose_anyt
     };
     for r in &shown {
         println!(
-            "\n=== seed {} {} ===\nscenario: {:?}\nviolations:\n  - {}\nfaults: {}\ntimeline:\n{}",
+            "\n=== seed {} {} ===\nscenario: {:?}\nviolations:\n  - {}\nfaults: {}\nhelm-controller's faults: {}\ntimeline:\n{}",
             r.scenario.seed,
             if r.violations.is_empty() {
                 "ok"
@@ -347,6 +354,7 @@ async fn recoveries_raced_by_deletes_and_faults_never_orphan_strand_or_lose_anyt
             r.scenario,
             r.violations.join("\n  - "),
             r.faults,
+            r.helm_controller_faults,
             r.timeline
         );
     }
@@ -375,6 +383,7 @@ async fn without_the_fence_the_checks_catch_an_orphaned_release() -> Result<()> 
             step_delay_max: Duration::from_millis(250),
             helm_controller_delay_max: Duration::from_millis(10),
             fault_level: 0.0,
+            helm_controller_fault_level: 0.0,
             unfenced: true,
             ..Scenario::from_seed(seed)
         };
@@ -417,7 +426,16 @@ async fn run(scenario: Scenario) -> Result<RunResult> {
     let stuck_secret = plunger::names::storage_secret_name(NAME, 2);
     let secrets_before = secret_names(&ns).await?;
 
-    let proxy = FaultProxy::in_front_of_control_plane(scenario.fault_plan()).await?;
+    let proxy =
+        FaultProxy::in_front_of_control_plane(scenario.fault_plan(scenario.fault_level, 0)).await?;
+    // helm-controller meets faults of its own; its decisions go to the same
+    // journal, and the checks read the world directly.
+    let hc_proxy = FaultProxy::in_front_of_control_plane(
+        scenario.fault_plan(scenario.helm_controller_fault_level, 0x4843),
+    )
+    .await?;
+    let mut faulty_hc = SimulatedHelmController::new(hc_proxy.client()?, &ns.name);
+    faulty_hc.journal = hc.journal.clone();
     let timeline = Timeline::default();
     let steps = Arc::new(tokio::sync::Notify::new());
     let wanted_step: Arc<Mutex<Vec<Step>>> = Arc::default();
@@ -446,7 +464,7 @@ async fn run(scenario: Scenario) -> Result<RunResult> {
         loops.clone(),
     ));
     let helm_controller = tokio::spawn(helm_controller_loop(
-        hc.clone(),
+        faulty_hc,
         SeededRng::fork(scenario.seed, "helm-controller"),
         scenario.helm_controller_delay_max,
         loops.clone(),
@@ -491,6 +509,7 @@ async fn run(scenario: Scenario) -> Result<RunResult> {
         violations,
         timeline: timeline.render(),
         faults: proxy.report(),
+        helm_controller_faults: hc_proxy.report(),
         recovered,
         took: started.elapsed(),
     })
