@@ -59,6 +59,7 @@ const NEIGHBOUR: &str = "neighbour";
 /// The managers that suspend a release in these runs, besides us.
 const MIGRATION_MANAGER: &str = "migration-tool";
 const FLUX_CLI_MANAGER: &str = "flux";
+const BACKUP_MANAGER: &str = "backup-controller";
 
 /// The steps a delete or a foreign suspension may be timed to, the ones
 /// under our suspension twice as often: there the fence has work to do.
@@ -80,14 +81,19 @@ enum Trigger {
     AtStep(Step),
 }
 
+/// Another manager's write of `spec.suspend`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum ForeignSuspension {
-    /// A server-side apply, forced (a migration or backup tool): it co-owns
-    /// `spec.suspend` even when ours already set it.
-    Apply,
-    /// A merge patch (`flux suspend`, kubectl): it owns `spec.suspend` only
-    /// if it changed the value.
-    Update,
+enum ForeignWrite {
+    /// A suspension by a forced server-side apply (a migration tool): it
+    /// co-owns `spec.suspend` even when ours already set it.
+    SuspendByApply,
+    /// A suspension by a merge patch (`flux suspend`, kubectl): it owns
+    /// `spec.suspend` only if it changed the value.
+    SuspendByUpdate,
+    /// `suspend: false` by a merge patch (a backup controller, `flux
+    /// resume`): an owner of `false` that only a forced acquire can take
+    /// over, or the end of our suspension mid-recovery. Not a suspension.
+    UnsuspendByUpdate,
 }
 
 /// Everything a seed decides.
@@ -96,7 +102,7 @@ struct Scenario {
     seed: u64,
     below_status: &'static str,
     stuck_status: &'static str,
-    foreign: Option<(ForeignSuspension, Trigger)>,
+    foreign: Option<(ForeignWrite, Trigger)>,
     delete: Option<Trigger>,
     step_delay_max: Duration,
     controller_delay_max: Duration,
@@ -118,8 +124,12 @@ impl Scenario {
             2..=5 => Trigger::AtStep(*rng.pick(&STEPS)),
             _ => Trigger::After(rng.delay_up_to(Duration::from_millis(1_200))),
         };
-        let foreign = rng.chance(0.35).then(|| {
-            let kind = *rng.pick(&[ForeignSuspension::Apply, ForeignSuspension::Update]);
+        let foreign = rng.chance(0.45).then(|| {
+            let kind = *rng.pick(&[
+                ForeignWrite::SuspendByApply,
+                ForeignWrite::SuspendByUpdate,
+                ForeignWrite::UnsuspendByUpdate,
+            ]);
             (kind, trigger(&mut rng))
         });
         let delete = rng.chance(0.7).then(|| trigger(&mut rng));
@@ -319,18 +329,21 @@ async fn recoveries_raced_by_deletes_and_faults_never_orphan_strand_or_lose_anyt
         .iter()
         .filter(|r| r.scenario.delete.is_some())
         .count();
-    let foreign = results
-        .iter()
-        .filter(|r| r.scenario.foreign.is_some())
-        .count();
+    let foreign = |kinds: &[ForeignWrite]| {
+        results
+            .iter()
+            .filter(|r| r.scenario.foreign.is_some_and(|(k, _)| kinds.contains(&k)))
+            .count()
+    };
     println!(
-        "interleavings: {} seeds in {:.1}s: {} deleted ({} of them under our suspension, held by the fence), {} suspended by another manager ({} of them absorbed by our suspension), {} recovered; {} violating",
+        "interleavings: {} seeds in {:.1}s: {} deleted ({} of them under our suspension, held by the fence), {} suspended by another manager ({} of them absorbed by our suspension), {} unsuspended by another manager, {} recovered; {} violating",
         results.len(),
         started.elapsed().as_secs_f64(),
         deleted,
         results.iter().filter(|r| r.fence_mattered).count(),
-        foreign,
+        foreign(&[ForeignWrite::SuspendByApply, ForeignWrite::SuspendByUpdate]),
         results.iter().filter(|r| r.absorbed_foreign_update).count(),
+        foreign(&[ForeignWrite::UnsuspendByUpdate]),
         results.iter().filter(|r| r.recovered).count(),
         failed.len(),
     );
@@ -653,9 +666,9 @@ async fn helm_controller_loop(
     }
 }
 
-/// The other actors: another manager's suspension, then the delete, each
-/// when its trigger fires. Returns whether the other manager owns
-/// `spec.suspend` after its write (`None`: no such write).
+/// The other actors: another manager's write of `spec.suspend`, then the
+/// delete, each when its trigger fires. Returns whether another manager's
+/// suspension owns `spec.suspend` after its write (`None`: no suspension).
 async fn act(
     scenario: &Scenario,
     ns: &TestNamespace,
@@ -666,13 +679,15 @@ async fn act(
     let mut foreign_owned = None;
     if let Some((kind, trigger)) = scenario.foreign {
         wait_for(trigger, steps, wanted_step).await;
-        let (object, manager) = suspend_as_another_manager(ns, kind).await?;
+        let (object, manager) = write_suspend_as_another_manager(ns, kind).await?;
         let owned = owns_suspend(&object, manager);
         timeline.note(
             "actor",
-            format!("suspended by {manager} ({kind:?}); it owns the suspension: {owned}"),
+            format!("{kind:?} by {manager}; it owns spec.suspend: {owned}"),
         );
-        foreign_owned = Some(owned);
+        if kind != ForeignWrite::UnsuspendByUpdate {
+            foreign_owned = Some(owned);
+        }
     }
     if let Some(trigger) = scenario.delete {
         wait_for(trigger, steps, wanted_step).await;
@@ -698,12 +713,27 @@ async fn wait_for(trigger: Trigger, steps: &tokio::sync::Notify, wanted_step: &M
     }
 }
 
-async fn suspend_as_another_manager(
+async fn write_suspend_as_another_manager(
     ns: &TestNamespace,
-    kind: ForeignSuspension,
+    kind: ForeignWrite,
 ) -> Result<(DynamicObject, &'static str)> {
-    Ok(match kind {
-        ForeignSuspension::Apply => {
+    let update = |manager: &'static str, suspend: bool| async move {
+        let params = PatchParams {
+            field_manager: Some(manager.into()),
+            ..Default::default()
+        };
+        let object = ns
+            .releases()
+            .patch(
+                NAME,
+                &params,
+                &Patch::Merge(json!({"spec": {"suspend": suspend}})),
+            )
+            .await?;
+        anyhow::Ok((object, manager))
+    };
+    match kind {
+        ForeignWrite::SuspendByApply => {
             let body = json!({"apiVersion": HELMRELEASE_API_VERSION, "kind": HELMRELEASE_KIND,
                 "metadata": {"name": NAME}, "spec": {"suspend": true}});
             let object = ns
@@ -714,24 +744,11 @@ async fn suspend_as_another_manager(
                     &Patch::Apply(body),
                 )
                 .await?;
-            (object, MIGRATION_MANAGER)
+            Ok((object, MIGRATION_MANAGER))
         }
-        ForeignSuspension::Update => {
-            let params = PatchParams {
-                field_manager: Some(FLUX_CLI_MANAGER.into()),
-                ..Default::default()
-            };
-            let object = ns
-                .releases()
-                .patch(
-                    NAME,
-                    &params,
-                    &Patch::Merge(json!({"spec": {"suspend": true}})),
-                )
-                .await?;
-            (object, FLUX_CLI_MANAGER)
-        }
-    })
+        ForeignWrite::SuspendByUpdate => update(FLUX_CLI_MANAGER, true).await,
+        ForeignWrite::UnsuspendByUpdate => update(BACKUP_MANAGER, false).await,
+    }
 }
 
 /// Waits until the release is gone, or until it stays the same while
