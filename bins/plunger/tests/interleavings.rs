@@ -48,7 +48,7 @@ use testkit::{
 };
 
 /// The seeds CI runs: fixed, so a red CI is a seed anyone can replay.
-const CI_SEEDS: std::ops::RangeInclusive<u64> = 1..=32;
+const CI_SEEDS: std::ops::RangeInclusive<u64> = 1..=48;
 /// Runs at a time: each mostly waits on its own delays.
 const DEFAULT_PARALLEL: usize = 4;
 /// A run that has not settled by then is a violation: something is stuck.
