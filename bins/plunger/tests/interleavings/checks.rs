@@ -81,15 +81,9 @@ pub async fn check(
     Ok(())
 }
 
+/// The namespace's Secrets by name, as a set to compare before and after.
 pub async fn secret_names(ns: &TestNamespace) -> Result<BTreeSet<String>> {
-    Ok(ns
-        .secrets()
-        .list(&Default::default())
-        .await?
-        .items
-        .into_iter()
-        .filter_map(|s| s.metadata.name)
-        .collect())
+    Ok(ns.secret_names().await?.into_iter().collect())
 }
 
 /// Whether `manager` owns `spec.suspend` in any managedFields entry.
