@@ -20,6 +20,7 @@ use serde_json::{Value, json};
 use crate::drain::list_fenced;
 use crate::names::{FENCE_FINALIZER, PROCESSED_VERSION_ANNOTATION};
 use crate::release::{ReleaseView, helmreleases};
+use crate::test_hooks::{SweepStep, pause_at};
 
 /// The field manager of the sweep's patches (never `flux-plunger`, whose
 /// `Apply` entries mean "our suspension").
@@ -310,12 +311,16 @@ pub async fn run_hook(client: &Client, config: &HookConfig) -> HookReport {
             field_manager: Some(SWEEP_FIELD_MANAGER.to_owned()),
             ..PatchParams::default()
         };
+        pause_at(SweepStep::BeforeScaleDown.name()).await;
         match retry(budget, "scaling the Deployment to 0", || {
             deployments.patch_scale(&config.deployment, &params, &scale)
         })
         .await
         {
-            Ok(_) => report.say(format!("scaled Deployment {target} to 0")),
+            Ok(_) => {
+                pause_at(SweepStep::ScaledDown.name()).await;
+                report.say(format!("scaled Deployment {target} to 0"))
+            }
             Err(err) => {
                 report.say(format!(
                     "could not scale Deployment {target} to 0: {}; no fence was touched",
@@ -503,8 +508,10 @@ pub async fn release_with_retry(
         if plan.without_uninstall && uninstall == Uninstall::MustNotSkip {
             return Err(NotReleased::WouldSkipUninstall);
         }
+        pause_at(SweepStep::BeforeReleasePatch.name()).await;
         let err = match budget.bounded(release_one(client, &release, &plan)).await {
             Ok(()) => {
+                pause_at(SweepStep::ReleasePatched.name()).await;
                 return Ok(Released {
                     without_uninstall: plan.without_uninstall,
                 });

@@ -13,6 +13,7 @@
 pub mod audit;
 pub mod certs;
 pub mod control_plane;
+pub mod crash;
 pub mod fixtures;
 pub mod helm_controller;
 pub mod process;
