@@ -10,13 +10,14 @@
 //! such a point from its environment:
 //!
 //! - `FLUX_PLUNGER_TEST_PAUSE_AT=POINT[,POINT...]` (the names of
-//!   [`Step::name`] and [`SweepStep::name`], e.g. `before-delete-storage`)
-//!   with `FLUX_PLUNGER_TEST_PAUSE_FILE=PATH`: the first time the process
-//!   reaches a listed point it writes the point's name to `PATH.reached`
-//!   (atomically, by a rename), then waits (at most 120 s) until
-//!   `PATH.release` exists, removes it, and goes on. Each point pauses once
-//!   per process; several points pause one after the other, so a test can
-//!   act at the first (land a delete) and act again at the second.
+//!   [`Step::name`] and [`SweepStep::name`], e.g. `before-delete-storage`;
+//!   `NAME@N` for the N-th time the point is reached, e.g. the sweep's
+//!   fourth release) with `FLUX_PLUNGER_TEST_PAUSE_FILE=PATH`: when the
+//!   process reaches a listed point it writes the entry as listed to
+//!   `PATH.reached` (atomically, by a rename), then waits (at most 120 s)
+//!   until `PATH.release` exists, removes it, and goes on. Each entry pauses
+//!   once per process; several entries pause one after the other, so a test
+//!   can act at the first (land a delete) and act again at the second.
 //! - While the process waits at a point, the test can SIGKILL it: that is a
 //!   crash right before (or right after) that write, with nothing flushed or
 //!   undone. The crash suites (`tests/crash.rs` of each binary) do that at
@@ -103,67 +104,102 @@ fn env_pauser() -> Option<&'static EnvPauser> {
         .get_or_init(|| {
             let points = std::env::var("FLUX_PLUNGER_TEST_PAUSE_AT").ok()?;
             let file = std::env::var("FLUX_PLUNGER_TEST_PAUSE_FILE").ok()?;
-            let points: Vec<String> = points
+            let points = points
                 .split(',')
                 .map(str::trim)
                 .filter(|p| !p.is_empty())
-                .map(str::to_owned)
+                .filter_map(|listed| match PausePoint::parse(listed) {
+                    Some(point) => Some(point),
+                    None => {
+                        // A typo would make a test wait for a pause that never comes.
+                        tracing::error!(point = %listed, "test build: FLUX_PLUNGER_TEST_PAUSE_AT names no fail point");
+                        None
+                    }
+                })
                 .collect();
-            for point in &points {
-                if !is_known_point(point) {
-                    // A typo would make a test wait for a pause that never comes.
-                    tracing::error!(point = %point, "test build: FLUX_PLUNGER_TEST_PAUSE_AT names no fail point");
-                }
-            }
             Some(EnvPauser {
                 points,
                 file,
-                taken: std::sync::Mutex::default(),
+                reached: std::sync::Mutex::default(),
             })
         })
         .as_ref()
 }
 
+/// One entry of `FLUX_PLUNGER_TEST_PAUSE_AT`: `NAME` pauses the first time
+/// the point is reached, `NAME@N` the N-th time (a later release of a drain
+/// or a sweep, a second attempt).
 #[cfg(feature = "test-hooks")]
-fn is_known_point(name: &str) -> bool {
-    Step::ALL.iter().any(|s| s.name() == name) || SweepStep::ALL.iter().any(|s| s.name() == name)
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct PausePoint {
+    listed: String,
+    name: &'static str,
+    occurrence: u32,
+}
+
+#[cfg(feature = "test-hooks")]
+impl PausePoint {
+    fn parse(listed: &str) -> Option<Self> {
+        let (name, occurrence) = match listed.split_once('@') {
+            Some((name, n)) => (name, n.parse().ok().filter(|n| *n >= 1)?),
+            None => (listed, 1),
+        };
+        let name = Step::ALL
+            .iter()
+            .map(|s| s.name())
+            .chain(SweepStep::ALL.iter().map(|s| s.name()))
+            .find(|known| *known == name)?;
+        Some(Self {
+            listed: listed.to_owned(),
+            name,
+            occurrence,
+        })
+    }
 }
 
 #[cfg(feature = "test-hooks")]
 struct EnvPauser {
-    points: Vec<String>,
+    points: Vec<PausePoint>,
     file: String,
-    /// Points already paused at: each pauses once per process.
-    taken: std::sync::Mutex<std::collections::HashSet<String>>,
+    /// How often each point was reached in this process.
+    reached: std::sync::Mutex<std::collections::HashMap<&'static str, u32>>,
 }
 
 #[cfg(feature = "test-hooks")]
 impl EnvPauser {
     async fn pause(&self, point: &'static str) {
-        if !self.points.iter().any(|p| p == point)
-            || !self
-                .taken
-                .lock()
-                .expect("pause set poisoned")
-                .insert(point.to_owned())
-        {
+        if !self.points.iter().any(|p| p.name == point) {
             return;
         }
+        let occurrence = {
+            let mut reached = self.reached.lock().expect("pause counts poisoned");
+            let count = reached.entry(point).or_default();
+            *count += 1;
+            *count
+        };
+        let Some(listed) = self
+            .points
+            .iter()
+            .find(|p| p.name == point && p.occurrence == occurrence)
+            .map(|p| p.listed.clone())
+        else {
+            return;
+        };
         let reached = format!("{}.reached", self.file);
         let release = format!("{}.release", self.file);
         // Written aside and renamed: a test polling the file never reads it half written.
         let aside = format!("{}.reached.tmp", self.file);
-        if std::fs::write(&aside, point).is_ok() {
+        if std::fs::write(&aside, &listed).is_ok() {
             let _ = std::fs::rename(&aside, &reached);
         }
-        tracing::warn!(point, "test build: paused until {release} exists");
+        tracing::warn!(point = %listed, "test build: paused until {release} exists");
         let deadline = std::time::Instant::now() + Duration::from_secs(120);
         while !std::path::Path::new(&release).exists() && std::time::Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         // Consumed, so that a later point of the list waits for its own release.
         let _ = std::fs::remove_file(&release);
-        tracing::warn!(point, "test build: going on");
+        tracing::warn!(point = %listed, "test build: going on");
     }
 }
 
@@ -196,5 +232,16 @@ mod tests {
         names.sort_unstable();
         names.dedup();
         assert_eq!(names.len(), count, "{names:?}");
+    }
+
+    #[cfg(feature = "test-hooks")]
+    #[test]
+    fn a_pause_entry_names_a_known_point_and_which_time_it_is_reached() {
+        let parsed = PausePoint::parse("release-patched@4").unwrap();
+        assert_eq!((parsed.name, parsed.occurrence), ("release-patched", 4));
+        assert_eq!(PausePoint::parse("annotated").unwrap().occurrence, 1);
+        assert_eq!(PausePoint::parse("anotated"), None);
+        assert_eq!(PausePoint::parse("annotated@0"), None);
+        assert_eq!(PausePoint::parse("annotated@x"), None);
     }
 }
