@@ -508,6 +508,12 @@ pub async fn release_with_retry(
         if plan.without_uninstall && uninstall == Uninstall::MustNotSkip {
             return Err(NotReleased::WouldSkipUninstall);
         }
+        if plan.without_uninstall {
+            // Said before the write: a run killed right after it (the Job's
+            // deadline, an eviction) must still have named the release whose
+            // uninstall it skipped; its report is never printed then.
+            tracing::warn!(release = %release.key(), "letting go of a release being deleted that helm-controller has not uninstalled: its Helm uninstall is skipped");
+        }
         pause_at(SweepStep::BeforeReleasePatch.name()).await;
         let err = match budget.bounded(release_one(client, &release, &plan)).await {
             Ok(()) => {
