@@ -17,7 +17,10 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use kube::api::{Patch, PatchParams};
-use plunger::names::PROCESSED_VERSION_ANNOTATION;
+use plunger::names::{
+    FENCE_FINALIZER, FIELD_MANAGER, HELMRELEASE_API_VERSION, HELMRELEASE_KIND,
+    PROCESSED_VERSION_ANNOTATION,
+};
 use plunger::reconcile::Step;
 use plunger::release::ReleaseView;
 use serde_json::json;
@@ -41,64 +44,82 @@ enum Scenario {
     /// The same where a backup controller owns `spec.suspend: false` through
     /// an Update, so the acquire is forced.
     ForcedRecovery,
-    /// The release is deleted while the recovery holds it (at `annotated`):
-    /// the abort's lift that keeps the fence, then the fence drop once
-    /// helm-controller has uninstalled.
-    DeleteDuringRecovery,
+    /// The release is deleted while the recovery waits at this point, and
+    /// helm-controller handles the delete at once (skipping the uninstall, as
+    /// the release is suspended): the abort's lift that keeps the fence, then
+    /// the fence drop once helm-controller has uninstalled.
+    DeletedAt(&'static str),
+    /// Our fence is left on a live release another manager suspended (SPEC
+    /// §4.3): the fence drop.
+    ForeignSuspension,
+    /// The same release deleted (SPEC §5b): the fence drop, the uninstall
+    /// skipped as that manager meant.
+    ForeignSuspensionDeleted,
 }
 
-/// One crash: the scenario, the point, and the state the release is in
-/// while the process waits there, in the words of [`observe`].
+/// One crash: the scenario, the point (as `FLUX_PLUNGER_TEST_PAUSE_AT` lists
+/// it), and the state the release is in while the process waits there, in
+/// the words of [`observe`].
 struct Case {
     scenario: Scenario,
-    point: Step,
+    point: &'static str,
     at_kill: &'static str,
 }
 
 macro_rules! crash_cases {
-    ($($test:ident: $scenario:ident at $point:ident, state $state:literal;)*) => {
-        const CASES: &[Case] = &[$(Case {
-            scenario: Scenario::$scenario,
-            point: Step::$point,
-            at_kill: $state,
-        }),*];
+    ($($test:ident: $scenario:expr, at $point:literal, state $state:literal;)*) => {
+        const CASES: &[Case] = &[$(Case { scenario: $scenario, point: $point, at_kill: $state }),*];
         $(
             #[tokio::test]
             async fn $test() -> Result<()> {
-                let case = CASES
-                    .iter()
-                    .find(|c| c.scenario == Scenario::$scenario && c.point == Step::$point)
-                    .expect("listed");
-                crash_at(case).await.with_context(|| {
-                    format!("controller killed at {} ({:?})", case.point.name(), case.scenario)
+                let case = Case { scenario: $scenario, point: $point, at_kill: $state };
+                crash_at(&case).await.with_context(|| {
+                    format!("controller killed at {} ({:?})", case.point, case.scenario)
                 })
             }
         )*
     };
 }
 
+use Scenario::*;
+
 crash_cases! {
-    recovery_before_acquire: Recovery at BeforeAcquire, state "live stuck-secret";
-    recovery_acquired_before_annotate: Recovery at Acquired, state "live suspended fenced stuck-secret";
-    recovery_annotated: Recovery at Annotated, state "live suspended fenced annotated stuck-secret";
-    recovery_before_delete_storage: Recovery at BeforeDeleteStorage, state "live suspended fenced annotated stuck-secret";
-    recovery_after_delete_storage: Recovery at AfterDeleteStorage, state "live suspended fenced annotated";
-    recovery_before_lift: Recovery at BeforeLift, state "live suspended fenced annotated";
-    recovery_after_lift: Recovery at AfterLift, state "live annotated";
-    forced_before_forced_acquire: ForcedRecovery at BeforeForcedAcquire, state "live stuck-secret";
-    forced_acquired: ForcedRecovery at Acquired, state "live suspended fenced stuck-secret";
-    deleted_while_held_annotated: DeleteDuringRecovery at Annotated, state "terminating suspended fenced annotated stuck-secret";
-    deleted_before_abort_lift: DeleteDuringRecovery at BeforeLift, state "terminating suspended fenced annotated stuck-secret";
-    deleted_after_abort_lift: DeleteDuringRecovery at AfterLift, state "terminating fenced annotated stuck-secret";
-    deleted_before_drop_fence: DeleteDuringRecovery at BeforeDropFence, state "terminating fenced annotated stuck-secret";
-    deleted_after_drop_fence: DeleteDuringRecovery at AfterDropFence, state "gone stuck-secret";
+    recovery_before_acquire: Recovery, at "before-acquire", state "live stuck-secret";
+    recovery_acquired_before_annotate: Recovery, at "acquired", state "live suspended fenced stuck-secret";
+    recovery_annotated: Recovery, at "annotated", state "live suspended fenced annotated stuck-secret";
+    recovery_before_delete_storage: Recovery, at "before-delete-storage", state "live suspended fenced annotated stuck-secret";
+    recovery_after_delete_storage: Recovery, at "after-delete-storage", state "live suspended fenced annotated";
+    recovery_before_lift: Recovery, at "before-lift", state "live suspended fenced annotated";
+    recovery_after_lift: Recovery, at "after-lift", state "live annotated";
+
+    forced_before_forced_acquire: ForcedRecovery, at "before-forced-acquire", state "live stuck-secret";
+    forced_acquired: ForcedRecovery, at "acquired", state "live suspended fenced stuck-secret";
+
+    deleted_at_acquired_before_undo_lift: DeletedAt("acquired"), at "before-lift", state "terminating suspended fenced stuck-secret";
+    deleted_at_acquired_after_undo_lift: DeletedAt("acquired"), at "after-lift", state "terminating fenced stuck-secret";
+    deleted_at_annotated: DeletedAt("annotated"), at "annotated", state "terminating suspended fenced annotated stuck-secret";
+    deleted_at_annotated_before_abort_lift: DeletedAt("annotated"), at "before-lift", state "terminating suspended fenced annotated stuck-secret";
+    deleted_at_annotated_after_abort_lift: DeletedAt("annotated"), at "after-lift", state "terminating fenced annotated stuck-secret";
+    deleted_at_annotated_before_drop_fence: DeletedAt("annotated"), at "before-drop-fence", state "terminating fenced annotated stuck-secret";
+    deleted_at_annotated_after_drop_fence: DeletedAt("annotated"), at "after-drop-fence", state "gone stuck-secret";
+    deleted_before_delete_storage_after_it: DeletedAt("before-delete-storage"), at "after-delete-storage", state "terminating suspended fenced annotated";
+    deleted_before_delete_storage_before_final_lift: DeletedAt("before-delete-storage"), at "before-lift", state "terminating suspended fenced annotated";
+    deleted_before_delete_storage_before_lift_keeping_fence: DeletedAt("before-delete-storage"), at "before-lift@2", state "terminating suspended fenced annotated";
+    deleted_before_delete_storage_after_lift_keeping_fence: DeletedAt("before-delete-storage"), at "after-lift", state "terminating fenced annotated";
+
+    foreign_suspension_before_drop_fence: ForeignSuspension, at "before-drop-fence", state "live fenced";
+    foreign_suspension_after_drop_fence: ForeignSuspension, at "after-drop-fence", state "live";
+    foreign_suspension_deleted_before_drop_fence: ForeignSuspensionDeleted, at "before-drop-fence", state "terminating fenced";
+    foreign_suspension_deleted_after_drop_fence: ForeignSuspensionDeleted, at "after-drop-fence", state "gone";
 }
 
 #[test]
 fn every_fail_point_of_a_recovery_is_crashed_at() {
     for step in Step::ALL {
         assert!(
-            CASES.iter().any(|c| c.point == step),
+            CASES
+                .iter()
+                .any(|c| c.point.split('@').next() == Some(step.name())),
             "no crash case at {}",
             step.name()
         );
@@ -112,41 +133,50 @@ async fn crash_at(case: &Case) -> Result<()> {
     ns.create_release(RELEASE, json!({})).await?;
     hc.install(RELEASE).await?;
     assert_eq!(hc.handle(RELEASE).await?, Handled::AddedFinalizer);
-    ns.create_storage_secret(RELEASE, 1, "failed").await?;
-    ns.create_storage_secret(RELEASE, 2, "uninstalling").await?;
-    if case.scenario == Scenario::ForcedRecovery {
-        // An Update owning `false`: the unforced acquire conflicts.
-        let params = PatchParams {
-            field_manager: Some("velero".into()),
-            ..Default::default()
-        };
-        ns.releases()
-            .patch(
-                RELEASE,
-                &params,
-                &Patch::Merge(json!({"spec": {"suspend": false}})),
-            )
-            .await?;
+    match case.scenario {
+        ForeignSuspension | ForeignSuspensionDeleted => {
+            // A fence an earlier flux-plunger left, and a migration's suspension.
+            let fence = json!({"apiVersion": HELMRELEASE_API_VERSION, "kind": HELMRELEASE_KIND,
+                "metadata": {"name": RELEASE, "finalizers": [FENCE_FINALIZER]}});
+            ns.releases()
+                .patch(
+                    RELEASE,
+                    &PatchParams::apply(FIELD_MANAGER),
+                    &Patch::Apply(fence),
+                )
+                .await?;
+            update_suspend_as(&ns, "migration", true).await?;
+            if case.scenario == ForeignSuspensionDeleted {
+                ns.releases().delete(RELEASE, &Default::default()).await?;
+            }
+        }
+        Recovery | ForcedRecovery | DeletedAt(_) => {
+            ns.create_storage_secret(RELEASE, 1, "failed").await?;
+            ns.create_storage_secret(RELEASE, 2, "uninstalling").await?;
+            if case.scenario == ForcedRecovery {
+                // An Update owning `false`: the unforced acquire conflicts.
+                update_suspend_as(&ns, "velero", false).await?;
+            }
+            ns.mark_stuck(RELEASE).await?;
+        }
     }
-    ns.mark_stuck(RELEASE).await?;
     let (helm_controller, stop) = hc.clone().spawn(Duration::from_millis(200));
 
     let gate = PauseGate::new()?;
-    let point = case.point.name();
-    let delete_at = Step::Annotated.name();
+    let point = case.point;
     let points: Vec<&str> = match case.scenario {
-        Scenario::DeleteDuringRecovery if case.point != Step::Annotated => vec![delete_at, point],
+        DeletedAt(delete_at) if delete_at != point => vec![delete_at, point],
         _ => vec![point],
     };
     let mut first = start(&ns, &gate.env(&points))?;
-    if case.scenario == Scenario::DeleteDuringRecovery {
+    if let DeletedAt(delete_at) = case.scenario {
         gate.wait_reached(delete_at, &mut first.process.child)
             .await?;
         ns.releases().delete(RELEASE, &Default::default()).await?;
         // helm-controller handles the delete while the release is suspended:
         // it skips the uninstall and drops its finalizer; only the fence holds.
         hc.handle(RELEASE).await?;
-        if case.point != Step::Annotated {
+        if delete_at != point {
             gate.release()?;
         }
     }
@@ -159,24 +189,39 @@ async fn crash_at(case: &Case) -> Result<()> {
     );
 
     let _restarted = start(&ns, &[])?;
+    // A release listed in neither `live` nor `deleted` must be gone.
     let settled = match case.scenario {
-        Scenario::Recovery | Scenario::ForcedRecovery => Settled {
+        Recovery | ForcedRecovery => Settled {
             live: vec![RELEASE.into()],
             kept_secrets: vec![BELOW.into()],
             reclaimed_secrets: vec![STUCK.into()],
             ..Default::default()
         },
-        Scenario::DeleteDuringRecovery => Settled {
+        DeletedAt("before-delete-storage") => Settled {
+            // The delete landed after the last re-check: the stuck revision
+            // went, as SPEC §4.11 accepts; the one below stays.
+            deleted: vec![RELEASE.into()],
+            kept_secrets: vec![BELOW.into()],
+            ..Default::default()
+        },
+        DeletedAt(_) => Settled {
             deleted: vec![RELEASE.into()],
             kept_secrets: vec![BELOW.into(), STUCK.into()],
             ..Default::default()
         },
+        ForeignSuspension => Settled {
+            live: vec![RELEASE.into()],
+            ..Default::default()
+        },
+        // Gone without its uninstall: the migration suspended it to keep
+        // its resources.
+        ForeignSuspensionDeleted => Settled::default(),
     };
     let outcome = settled.wait(&ns, &hc).await;
     stop.store(true, std::sync::atomic::Ordering::SeqCst);
     helm_controller.await?;
     outcome?;
-    if case.scenario != Scenario::DeleteDuringRecovery {
+    if matches!(case.scenario, Recovery | ForcedRecovery) {
         let view = ReleaseView::from_object(&ns.releases().get(RELEASE).await?);
         assert_eq!(
             view.annotations
@@ -186,6 +231,26 @@ async fn crash_at(case: &Case) -> Result<()> {
             "the recovery is recorded"
         );
     }
+    if case.scenario == ForeignSuspension {
+        let view = ReleaseView::from_object(&ns.releases().get(RELEASE).await?);
+        assert!(view.suspend, "the migration's suspension is left alone");
+    }
+    Ok(())
+}
+
+/// Sets `spec.suspend` as an Update by `manager` (a migration, a backup controller).
+async fn update_suspend_as(ns: &TestNamespace, manager: &str, value: bool) -> Result<()> {
+    let params = PatchParams {
+        field_manager: Some(manager.into()),
+        ..Default::default()
+    };
+    ns.releases()
+        .patch(
+            RELEASE,
+            &params,
+            &Patch::Merge(json!({"spec": {"suspend": value}})),
+        )
+        .await?;
     Ok(())
 }
 

@@ -75,6 +75,9 @@ pub async fn kill9(child: &mut tokio::process::Child) -> Result<()> {
 }
 
 /// What a namespace must look like once things have settled after a crash.
+/// A release listed in neither `live` nor `deleted` must be gone (say, one
+/// deleted under another manager's suspension, whose uninstall that manager
+/// meant to skip).
 #[derive(Debug, Default)]
 pub struct Settled {
     /// Releases that must still exist, with no suspension and no fence of
