@@ -17,7 +17,7 @@ use plunger::names::{FENCE_FINALIZER, FIELD_MANAGER, HELMRELEASE_API_VERSION, HE
 use plunger::reconcile::Step;
 use plunger::release::ReleaseView;
 use serde_json::json;
-use testkit::crash::{PauseGate, Settled, admin_kubeconfig, kill9};
+use testkit::crash::{PauseGate, Settled, admin_kubeconfig, free_ports, kill9};
 use testkit::process::LoggedProcess;
 use testkit::{SimulatedHelmController, TestNamespace, control_plane};
 use tokio::process::Command;
@@ -149,11 +149,13 @@ async fn crash_at(case: &Case) -> Result<()> {
                 log.contains("drain complete: no fence left"),
                 "the second drain did not report a complete drain:\n{log}"
             );
-            settled.wait(&ns, &hc).await
+            settled.wait(&ns, &hc, None).await
         }
         Then::Controller => {
-            let _controller = start_controller(&ns)?;
-            settled.wait(&ns, &hc).await
+            let mut controller = start_controller(&ns)?;
+            settled
+                .wait(&ns, &hc, Some(&mut controller.process.child))
+                .await
         }
     };
     stop.store(true, std::sync::atomic::Ordering::SeqCst);
@@ -221,14 +223,14 @@ fn start_controller(ns: &TestNamespace) -> Result<Running> {
     let dir = tempfile::tempdir()?;
     let kubeconfig = admin_kubeconfig(dir.path())?;
     let binary = testkit::control_plane::workspace_binary("flux-plunger")?;
-    let free_port = testkit::control_plane::free_port;
+    let [metrics, health] = free_ports()?;
     let mut command = Command::new(binary);
     command
         .arg(format!("--kubeconfig={}", kubeconfig.display()))
         .arg("--leader-elect=false")
         .arg(format!("--watch-namespace={}", ns.name))
-        .arg(format!("--metrics-addr=127.0.0.1:{}", free_port()?))
-        .arg(format!("--health-addr=127.0.0.1:{}", free_port()?))
+        .arg(format!("--metrics-addr=127.0.0.1:{metrics}"))
+        .arg(format!("--health-addr=127.0.0.1:{health}"))
         .arg("--log-encoding=console")
         .env_remove("POD_NAME")
         .env_remove("POD_NAMESPACE")

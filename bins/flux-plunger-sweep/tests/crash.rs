@@ -161,7 +161,7 @@ async fn crash_at(case: &Case) -> Result<()> {
         deleted: vec![UNINSTALLED.into(), PENDING.into()],
         ..Default::default()
     }
-    .wait(&ns, &hc)
+    .wait(&ns, &hc, None)
     .await;
     stop.store(true, std::sync::atomic::Ordering::SeqCst);
     helm_controller.await?;

@@ -24,7 +24,7 @@ use plunger::names::{
 use plunger::reconcile::Step;
 use plunger::release::ReleaseView;
 use serde_json::json;
-use testkit::crash::{PauseGate, Settled, admin_kubeconfig, kill9};
+use testkit::crash::{PauseGate, Settled, admin_kubeconfig, free_ports, kill9};
 use testkit::process::LoggedProcess;
 use testkit::{Handled, SimulatedHelmController, TestNamespace, control_plane};
 use tokio::process::Command;
@@ -188,7 +188,7 @@ async fn crash_at(case: &Case) -> Result<()> {
         "the state at {point} is not what the point claims"
     );
 
-    let _restarted = start(&ns, &[])?;
+    let mut restarted = start(&ns, &[])?;
     // A release listed in neither `live` nor `deleted` must be gone.
     let settled = match case.scenario {
         Recovery | ForcedRecovery => Settled {
@@ -217,7 +217,9 @@ async fn crash_at(case: &Case) -> Result<()> {
         // its resources.
         ForeignSuspensionDeleted => Settled::default(),
     };
-    let outcome = settled.wait(&ns, &hc).await;
+    let outcome = settled
+        .wait(&ns, &hc, Some(&mut restarted.process.child))
+        .await;
     stop.store(true, std::sync::atomic::Ordering::SeqCst);
     helm_controller.await?;
     outcome?;
@@ -291,14 +293,14 @@ async fn observe(ns: &TestNamespace) -> Result<String> {
 fn start(ns: &TestNamespace, env: &[(&str, String)]) -> Result<Controller> {
     let dir = tempfile::tempdir()?;
     let kubeconfig = admin_kubeconfig(dir.path())?;
-    let free_port = || testkit::control_plane::free_port();
+    let [metrics, health] = free_ports()?;
     let mut command = Command::new(env!("CARGO_BIN_EXE_flux-plunger"));
     command
         .arg(format!("--kubeconfig={}", kubeconfig.display()))
         .arg("--leader-elect=false")
         .arg(format!("--watch-namespace={}", ns.name))
-        .arg(format!("--metrics-addr=127.0.0.1:{}", free_port()?))
-        .arg(format!("--health-addr=127.0.0.1:{}", free_port()?))
+        .arg(format!("--metrics-addr=127.0.0.1:{metrics}"))
+        .arg(format!("--health-addr=127.0.0.1:{health}"))
         .arg("--log-encoding=console")
         .env_remove("POD_NAME")
         .env_remove("POD_NAMESPACE")

@@ -152,13 +152,28 @@ impl Settled {
         Ok(found)
     }
 
-    /// Waits until every invariant holds; fails naming those that do not.
-    pub async fn wait(&self, ns: &TestNamespace, hc: &SimulatedHelmController) -> Result<()> {
+    /// Waits until every invariant holds; fails naming those that do not,
+    /// or as soon as `settler` (the restarted binary, if it is to run on)
+    /// has exited.
+    pub async fn wait(
+        &self,
+        ns: &TestNamespace,
+        hc: &SimulatedHelmController,
+        mut settler: Option<&mut tokio::process::Child>,
+    ) -> Result<()> {
         let deadline = Instant::now() + SETTLE_WITHIN;
         loop {
             let violations = self.violations(ns, hc).await?;
             if violations.is_empty() {
                 return Ok(());
+            }
+            if let Some(child) = settler.as_mut()
+                && let Some(status) = child.try_wait()?
+            {
+                bail!(
+                    "the restarted process exited ({status}) before things settled:\n  {}",
+                    violations.join("\n  ")
+                );
             }
             if Instant::now() > deadline {
                 bail!(
@@ -169,6 +184,19 @@ impl Settled {
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
+}
+
+/// `N` free loopback ports, all different: each is held until all are
+/// found (a port freed at once may be handed out again).
+pub fn free_ports<const N: usize>() -> Result<[u16; N]> {
+    let listeners = (0..N)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
+        .collect::<std::io::Result<Vec<_>>>()?;
+    let mut ports = [0; N];
+    for (port, listener) in ports.iter_mut().zip(&listeners) {
+        *port = listener.local_addr()?.port();
+    }
+    Ok(ports)
 }
 
 /// The kubeconfig of the local control plane's admin, written into `dir`.
