@@ -1,6 +1,7 @@
 //! Crash at every step (issue #10, item 3) of the pre-delete hook: the
-//! sweeper is SIGKILLed right before and right after its patch writes (the
-//! Deployment's scale-down, a release's guarded JSON patch); a rerun of the
+//! sweeper is SIGKILLed right before and right after each of its writes (the
+//! Deployment's scale-down, a release's guarded JSON patch, the Lease's
+//! removal); a rerun of the
 //! hook, as helm-controller's retry of the uninstall runs it, must finish the
 //! job and report exactly what it did, and once helm-controller has answered
 //! nothing is left fenced, suspended by us or Terminating.
@@ -37,8 +38,8 @@ const RELEASES: [&str; 4] = [SUSPENDED, BARE, UNINSTALLED, PENDING];
 struct Case {
     /// The fail point as `FLUX_PLUNGER_TEST_PAUSE_AT` lists it.
     point: &'static str,
-    /// The Deployment's replicas, the first release and the last while the
-    /// hook waits at the point.
+    /// The Deployment's replicas, the Lease, the first release and the last
+    /// while the hook waits at the point.
     at_kill: &'static str,
 }
 
@@ -59,17 +60,21 @@ macro_rules! crash_cases {
 
 crash_cases! {
     before_scale_down: at "before-scale-down",
-        state "replicas 1; r1-suspended: live suspended fenced; r4-uninstall-pending: terminating fenced";
+        state "replicas 1, lease; r1-suspended: live suspended fenced; r4-uninstall-pending: terminating fenced";
     scaled_down: at "scaled-down",
-        state "replicas 0; r1-suspended: live suspended fenced; r4-uninstall-pending: terminating fenced";
+        state "replicas 0, lease; r1-suspended: live suspended fenced; r4-uninstall-pending: terminating fenced";
     before_first_release_patch: at "before-release-patch",
-        state "replicas 0; r1-suspended: live suspended fenced; r4-uninstall-pending: terminating fenced";
+        state "replicas 0, lease; r1-suspended: live suspended fenced; r4-uninstall-pending: terminating fenced";
     first_release_patched: at "release-patched",
-        state "replicas 0; r1-suspended: live; r4-uninstall-pending: terminating fenced";
+        state "replicas 0, lease; r1-suspended: live; r4-uninstall-pending: terminating fenced";
     before_the_patch_that_skips_an_uninstall: at "before-release-patch@4",
-        state "replicas 0; r1-suspended: live; r4-uninstall-pending: terminating fenced";
+        state "replicas 0, lease; r1-suspended: live; r4-uninstall-pending: terminating fenced";
     the_patch_that_skips_an_uninstall_patched: at "release-patched@4",
-        state "replicas 0; r1-suspended: live; r4-uninstall-pending: terminating";
+        state "replicas 0, lease; r1-suspended: live; r4-uninstall-pending: terminating";
+    before_lease_delete: at "before-lease-delete",
+        state "replicas 0, lease; r1-suspended: live; r4-uninstall-pending: terminating";
+    lease_deleted: at "lease-deleted",
+        state "replicas 0, no lease; r1-suspended: live; r4-uninstall-pending: terminating";
 }
 
 #[test]
@@ -137,7 +142,10 @@ async fn crash_at(case: &Case) -> Result<()> {
         "released {n} of {n} fenced HelmReleases, {without} without an uninstall",
         n = fenced.len()
     ));
-    expected.push(format!("removed the leader Lease {}/{LEASE}", ns.name));
+    let leases: Api<Lease> = Api::namespaced(client.clone(), &ns.name);
+    if leases.get_opt(LEASE).await?.is_some() {
+        expected.push(format!("removed the leader Lease {}/{LEASE}", ns.name));
+    }
     expected.push("every fence was released".to_owned());
 
     let (status, stdout, stderr) = rerun_hook(&ns).await?;
@@ -147,7 +155,6 @@ async fn crash_at(case: &Case) -> Result<()> {
     );
     assert_eq!(stdout.lines().collect::<Vec<_>>(), expected, "{stderr}");
     assert_eq!(replicas(&ns).await?, 0);
-    let leases: Api<Lease> = Api::namespaced(client.clone(), &ns.name);
     assert!(
         leases.get_opt(LEASE).await?.is_none(),
         "the Lease is removed"
@@ -213,9 +220,16 @@ async fn arrange(ns: &TestNamespace, hc: &SimulatedHelmController) -> Result<()>
     Ok(())
 }
 
-/// The Deployment's replicas and the first and last releases, in words.
+/// The Deployment's replicas, the Lease, and the first and last releases, in words.
 async fn observe(ns: &TestNamespace) -> Result<String> {
-    let mut parts = vec![format!("replicas {}", replicas(ns).await?)];
+    let lease = Api::<Lease>::namespaced(ns.client.clone(), &ns.name)
+        .get_opt(LEASE)
+        .await?;
+    let mut parts = vec![format!(
+        "replicas {}, {}",
+        replicas(ns).await?,
+        if lease.is_some() { "lease" } else { "no lease" }
+    )];
     for name in [SUSPENDED, PENDING] {
         let view = ReleaseView::from_object(&ns.releases().get(name).await?);
         let mut words = vec![if view.terminating {

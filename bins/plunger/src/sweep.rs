@@ -438,14 +438,18 @@ pub async fn run_hook(client: &Client, config: &HookConfig) -> HookReport {
     } else {
         // Beyond the original: no flux-plunger is left, so its Lease goes too.
         let leases: Api<Lease> = Api::namespaced(client.clone(), &config.namespace);
+        pause_at(SweepStep::BeforeLeaseDelete.name()).await;
         match budget
             .bounded(leases.delete(&config.lease, &DeleteParams::default()))
             .await
         {
-            Ok(_) => report.say(format!(
-                "removed the leader Lease {}/{}",
-                config.namespace, config.lease
-            )),
+            Ok(_) => {
+                pause_at(SweepStep::LeaseDeleted.name()).await;
+                report.say(format!(
+                    "removed the leader Lease {}/{}",
+                    config.namespace, config.lease
+                ))
+            }
             Err(kube::Error::Api(s)) if s.code == 404 => {}
             Err(err) => {
                 tracing::warn!(error = %describe(&err), "could not remove the leader Lease; it is inert")

@@ -53,7 +53,8 @@ fn seconds_from(var: &str) -> Option<Duration> {
 }
 
 /// The fail points of the pre-delete hook (SPEC §8): around the scale-down of
-/// the Deployment and around each release's guarded JSON patch.
+/// the Deployment, around each release's guarded JSON patch, and around the
+/// removal of the leader Lease once no flux-plunger pod is left.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SweepStep {
     /// The Deployment was read; its scale-down to 0 comes next.
@@ -64,14 +65,20 @@ pub enum SweepStep {
     BeforeReleasePatch,
     /// A release's patch was accepted.
     ReleasePatched,
+    /// The summary is out and no pod is left; the Lease's delete comes next.
+    BeforeLeaseDelete,
+    /// The Lease is deleted.
+    LeaseDeleted,
 }
 
 impl SweepStep {
-    pub const ALL: [SweepStep; 4] = [
+    pub const ALL: [SweepStep; 6] = [
         SweepStep::BeforeScaleDown,
         SweepStep::ScaledDown,
         SweepStep::BeforeReleasePatch,
         SweepStep::ReleasePatched,
+        SweepStep::BeforeLeaseDelete,
+        SweepStep::LeaseDeleted,
     ];
 
     /// The name `FLUX_PLUNGER_TEST_PAUSE_AT` knows it by.
@@ -81,6 +88,8 @@ impl SweepStep {
             SweepStep::ScaledDown => "scaled-down",
             SweepStep::BeforeReleasePatch => "before-release-patch",
             SweepStep::ReleasePatched => "release-patched",
+            SweepStep::BeforeLeaseDelete => "before-lease-delete",
+            SweepStep::LeaseDeleted => "lease-deleted",
         }
     }
 }
