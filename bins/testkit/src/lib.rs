@@ -17,6 +17,7 @@
 pub mod audit;
 pub mod certs;
 pub mod control_plane;
+pub mod crash;
 pub mod fault_proxy;
 pub mod fixtures;
 pub mod helm_controller;
