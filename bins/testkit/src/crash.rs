@@ -186,18 +186,7 @@ impl Settled {
     }
 }
 
-/// `N` free loopback ports, all different: each is held until all are
-/// found (a port freed at once may be handed out again).
-pub fn free_ports<const N: usize>() -> Result<[u16; N]> {
-    let listeners = (0..N)
-        .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
-        .collect::<std::io::Result<Vec<_>>>()?;
-    let mut ports = [0; N];
-    for (port, listener) in ports.iter_mut().zip(&listeners) {
-        *port = listener.local_addr()?.port();
-    }
-    Ok(ports)
-}
+pub use crate::control_plane::free_ports;
 
 /// The kubeconfig of the local control plane's admin, written into `dir`.
 pub fn admin_kubeconfig(dir: &Path) -> Result<std::path::PathBuf> {
