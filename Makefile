@@ -206,7 +206,9 @@ E2E_THREADS ?= 8
 .PHONY: e2e
 e2e: tools ## End-to-end tests against Flux's real helm-controller, once per version in HELM_CONTROLLER_E2E_VERSIONS.
 	$(call step,building flux-plunger and the e2e tests)
-	cargo build --locked -p flux-plunger
+	@# A workspace build: testkit turns plunger's test-hooks feature on, which
+	@# the e2e races need (pause points); `-p flux-plunger` alone would not.
+	cargo build --locked --workspace --bins
 	cargo test --locked -p e2e --no-run
 	@mkdir -p $(TEST_LOG)
 	@for v in $(HELM_CONTROLLER_E2E_VERSIONS); do \
@@ -216,6 +218,22 @@ e2e: tools ## End-to-end tests against Flux's real helm-controller, once per ver
 	    | tee $(TEST_LOG)/e2e-$$v.log || exit 1; \
 	  echo ">> helm-controller $$v: e2e passed in $$(( SECONDS - started ))s"; \
 	done
+	@hack/check-no-leftovers.sh
+
+# Seeds of the randomized interleavings (bins/plunger/tests/interleavings.rs)
+# a soak runs; SOAK_SEED_BASE picks where they start (default: a new base each
+# run, printed, so every soak explores new seeds and any one replays).
+SOAK_SEEDS ?= 500
+SOAK_SEED_BASE ?=
+SOAK_PARALLEL ?= 4
+
+.PHONY: soak
+soak: tools ## Many more seeds of the randomized interleavings than CI runs (SOAK_SEEDS, default 500; a few seconds each, SOAK_PARALLEL at a time); not part of make test.
+	$(call step,soak: $(SOAK_SEEDS) seeded recoveries raced by deletes, foreign suspensions and the fault proxy)
+	cargo build --workspace --locked --bins
+	FLUX_PLUNGER_SEED_COUNT=$(SOAK_SEEDS) FLUX_PLUNGER_SEED_BASE=$(SOAK_SEED_BASE) \
+	  FLUX_PLUNGER_INTERLEAVINGS_PARALLEL=$(SOAK_PARALLEL) \
+	  cargo test --locked -p plunger --test interleavings recoveries_raced -- --nocapture
 	@hack/check-no-leftovers.sh
 
 CARGO_MUTANTS_VERSION := 27.1.0

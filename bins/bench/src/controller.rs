@@ -9,7 +9,7 @@ use anyhow::{Context, Result, bail};
 use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, RoleRef, Subject};
 use kube::Client;
 use kube::api::{Api, ObjectMeta, PostParams};
-use testkit::control_plane::{AuthInfo, free_port};
+use testkit::control_plane::{AuthInfo, free_ports};
 use testkit::{TestNamespace, control_plane};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::{Child, Command};
@@ -94,8 +94,8 @@ impl Controller {
     ) -> Result<Self> {
         let dir = tempfile::tempdir()?;
         let kubeconfig = identity.kubeconfig(admin, dir.path()).await?;
-        let health_port = free_port()?;
-        let metrics_port = free_port()?;
+        // Two free_port calls can return the same port.
+        let [health_port, metrics_port] = free_ports()?;
         let log = std::fs::File::create(dir.path().join("flux-plunger.log"))?;
         let spawned = Instant::now();
         let child = Command::new(release_binary("flux-plunger")?)

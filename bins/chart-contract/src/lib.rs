@@ -170,6 +170,76 @@ impl Manifests {
     }
 }
 
+/// Every permission the rendered ClusterRoles and Roles that are
+/// (`hook == true`) or are not Helm hooks grant: one per API group, resource
+/// and verb.
+pub fn granted_permissions(
+    manifests: &Manifests,
+    hook: bool,
+) -> std::collections::BTreeSet<testkit::audit::Permission> {
+    let strings = |value: &Value| -> Vec<String> {
+        value
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|v| v.as_str().map(str::to_owned))
+            .collect()
+    };
+    let mut granted = std::collections::BTreeSet::new();
+    for role in ["ClusterRole", "Role"]
+        .into_iter()
+        .flat_map(|kind| manifests.of_kind(kind))
+        .filter(|role| is_hook(role) == hook)
+    {
+        for rule in role["rules"].as_array().into_iter().flatten() {
+            for group in strings(&rule["apiGroups"]) {
+                for resource in strings(&rule["resources"]) {
+                    for verb in strings(&rule["verbs"]) {
+                        granted.insert(testkit::audit::Permission {
+                            group: group.clone(),
+                            resource: resource.clone(),
+                            verb,
+                        });
+                    }
+                }
+            }
+        }
+    }
+    granted
+}
+
+/// Fails unless the apiserver refused `user` nothing and `user` used every
+/// permission the rendered roles (hook or not) grant, and no other. RBAC
+/// only adds up and no two of the chart's rules grant the same permission,
+/// so dropping any rule (or verb) would refuse a request the caller's
+/// scenario needs: each rule is needed, and none is granted unused.
+pub fn check_uses_exactly_what_is_granted(
+    user: &str,
+    manifests: &Manifests,
+    hook: bool,
+) -> Result<()> {
+    use testkit::audit;
+    let requests = audit::requests_by(user)?;
+    let refused: Vec<String> = audit::refused(&requests)
+        .iter()
+        .map(|r| format!("{} in {:?}", r.permission, r.namespace))
+        .collect();
+    if !refused.is_empty() {
+        bail!("the apiserver refused {user}: {refused:?}");
+    }
+    let used = audit::allowed(&requests);
+    let granted = granted_permissions(manifests, hook);
+    let show = |set: Vec<&testkit::audit::Permission>| -> Vec<String> {
+        set.into_iter().map(ToString::to_string).collect()
+    };
+    let unused = show(granted.difference(&used).collect());
+    let ungranted = show(used.difference(&granted).collect());
+    if !unused.is_empty() || !ungranted.is_empty() {
+        bail!("{user}: granted but never used {unused:?}; used but not granted {ungranted:?}");
+    }
+    Ok(())
+}
+
 /// Whether Helm treats the object as a hook.
 pub fn is_hook(object: &Value) -> bool {
     object["metadata"]["annotations"]["helm.sh/hook"].is_string()

@@ -6,14 +6,19 @@
 use std::time::Duration;
 
 use anyhow::Result;
+use chart_contract::check_uses_exactly_what_is_granted;
 use chart_contract::install::Setup;
-use kube::api::{Patch, PatchParams};
+use k8s_openapi::api::core::v1::Secret;
+use kube::Api;
+use kube::api::{Patch, PatchParams, PostParams};
+use plunger::names::reasons;
 use plunger::names::{
     FENCE_FINALIZER, FIELD_MANAGER, HELMRELEASE_API_VERSION, HELMRELEASE_KIND,
     PROCESSED_VERSION_ANNOTATION,
 };
 use plunger::release::ReleaseView;
 use serde_json::json;
+use testkit::audit;
 use testkit::control_plane::{AuthInfo, workspace_binary};
 use testkit::process::LoggedProcess;
 use testkit::{Handled, SimulatedHelmController, TestNamespace, control_plane, eventually};
@@ -91,6 +96,55 @@ async fn the_controller_and_the_drain_need_nothing_beyond_the_charts_rbac() -> R
     );
     assert!(!controller.logged("Forbidden"), "{}", controller.log());
 
+    // A release in a remote cluster: the kubeconfig Secret is read (`get
+    // secrets`). This one names an exec plugin flux-plunger refuses to run,
+    // so it is reported; reported again on the next change, the event becomes
+    // a series (`patch events`).
+    let exec_kubeconfig: Secret = serde_json::from_value(json!({
+        "metadata": {"name": "remote-kubeconfig"},
+        "stringData": {"value": "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: https://remote.example:443\ncontexts:\n- name: c\n  context: {cluster: c, user: u}\ncurrent-context: c\nusers:\n- name: u\n  user:\n    exec:\n      apiVersion: client.authentication.k8s.io/v1\n      command: aws\n"},
+    }))?;
+    apps.secrets()
+        .create(&PostParams::default(), &exec_kubeconfig)
+        .await?;
+    apps.create_release(
+        "remote",
+        json!({"kubeConfig": {"secretRef": {"name": "remote-kubeconfig"}}}),
+    )
+    .await?;
+    apps.mark_stuck("remote").await?;
+    let reported = |count: usize| {
+        let apps = &apps;
+        async move {
+            let events = apps.events_for("remote").await?;
+            Ok(events
+                .iter()
+                .filter(|e| e.reason == reasons::REMOTE_CLUSTER_UNUSABLE)
+                .count()
+                >= 1
+                && series_count(apps, "remote").await? >= count)
+        }
+    };
+    eventually(
+        Duration::from_secs(30),
+        "the unusable remote cluster is reported",
+        || reported(1),
+    )
+    .await?;
+    apps.set_ready(
+        "remote",
+        "False",
+        "UpgradeFailed",
+        "Helm upgrade failed: \"remote\" has no deployed releases (again)",
+    )
+    .await?;
+    eventually(
+        Duration::from_secs(30),
+        "the report repeated as an event series",
+        || reported(2),
+    )
+    .await?;
+
     // A fence left by a stop mid-recovery, drained by the sidecar under the same identity.
     apps.create_release("mid", json!({})).await?;
     let body = json!({"apiVersion": HELMRELEASE_API_VERSION, "kind": HELMRELEASE_KIND,
@@ -128,5 +182,29 @@ async fn the_controller_and_the_drain_need_nothing_beyond_the_charts_rbac() -> R
     let mid = ReleaseView::from_object(&apps.releases().get("mid").await?);
     assert!(!mid.suspend && !mid.has_fence());
     assert!(!drain.logged("Forbidden"), "{}", drain.log());
+
+    // Every permission the chart grants was used, none was refused: each
+    // rule is needed (dropping one refuses a request above), none is unused.
+    check_uses_exactly_what_is_granted(
+        &audit::service_account_user(&setup.ns.name, &setup.fullname()),
+        &setup.render().manifests()?,
+        false,
+    )?;
     Ok(())
+}
+
+/// How many times the newest event series on `name` has been seen (1 for a
+/// lone event).
+async fn series_count(ns: &TestNamespace, name: &str) -> Result<usize> {
+    let events: Api<k8s_openapi::api::events::v1::Event> =
+        Api::namespaced(ns.client.clone(), &ns.name);
+    Ok(events
+        .list(&Default::default())
+        .await?
+        .items
+        .iter()
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
+        .map(|e| e.series.as_ref().map_or(1, |s| s.count as usize))
+        .max()
+        .unwrap_or(0))
 }

@@ -10,6 +10,7 @@ use std::process::{ExitStatus, Stdio};
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
+use chart_contract::check_uses_exactly_what_is_granted;
 use chart_contract::install::Setup;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::batch::v1::{Job, JobCondition, JobStatus};
@@ -25,6 +26,7 @@ use plunger::names::{
 };
 use plunger::release::ReleaseView;
 use serde_json::{Value, json};
+use testkit::audit;
 use testkit::control_plane::{AuthInfo, workspace_binary};
 use testkit::{TestNamespace, control_plane};
 
@@ -184,6 +186,36 @@ async fn held_release(apps: &TestNamespace, name: &str) -> Result<()> {
     Ok(())
 }
 
+/// Refuses every HelmRelease write in `apps` (a real admission refusal) and
+/// returns once the refusal is in force (`web` cannot be patched).
+async fn refuse_writes(apps: &TestNamespace) -> Result<testkit::Refusal> {
+    let refusal = apps
+        .refuse(
+            "no-patch",
+            json!({"apiGroups": ["helm.toolkit.fluxcd.io"], "apiVersions": ["*"], "operations": ["UPDATE"], "resources": ["helmreleases"]}),
+            "false",
+            "test: every HelmRelease write is refused",
+        )
+        .await?;
+    testkit::eventually(
+        Duration::from_secs(30),
+        "the admission policy refuses HelmRelease writes",
+        || {
+            let releases = apps.releases();
+            async move {
+                let params = PatchParams {
+                    dry_run: true,
+                    ..Default::default()
+                };
+                let probe = Patch::Merge(json!({"metadata": {"labels": {"probe": "1"}}}));
+                Ok(releases.patch("web", &params, &probe).await.is_err())
+            }
+        },
+    )
+    .await?;
+    Ok(refusal)
+}
+
 /// The controller's leader Lease, as a running controller leaves it.
 async fn leader_lease(setup: &Setup) -> Result<()> {
     let lease: Lease = serde_json::from_value(json!({
@@ -214,6 +246,31 @@ async fn helm_uninstall_runs_the_sweep_as_its_hook_and_finishes_with_no_fence_or
     held_release(&apps, "web").await?;
     leader_lease(&setup).await?;
     let (ns, fullname, release) = (&setup.ns.name, setup.fullname(), setup.release());
+    let hook_name = format!("{fullname}-pre-delete");
+    let hook_user = audit::service_account_user(ns, &hook_name);
+    // The release's first writes are refused, until the hook has read it again
+    // to retry: the retry is part of every real uninstall's possibilities,
+    // and needs its own permission (`get`).
+    let refusal = refuse_writes(&apps).await?;
+    let lifter = tokio::spawn({
+        let hook_user = hook_user.clone();
+        async move {
+            testkit::eventually(
+                Duration::from_secs(60),
+                "the hook reads the release again to retry",
+                || {
+                    let hook_user = hook_user.clone();
+                    async move {
+                        Ok(audit::requests_by(&hook_user)?.iter().any(|r| {
+                            r.permission.verb == "get" && r.permission.resource == "helmreleases"
+                        }))
+                    }
+                },
+            )
+            .await?;
+            refusal.lift().await
+        }
+    });
 
     let uninstall = tokio::process::Command::from(setup.helm_command(&[
         "uninstall",
@@ -229,6 +286,7 @@ async fn helm_uninstall_runs_the_sweep_as_its_hook_and_finishes_with_no_fence_or
     let helm = tokio::time::timeout(Duration::from_secs(120), uninstall.wait_with_output())
         .await
         .context("helm uninstall did not end")??;
+    lifter.await??;
 
     assert!(hook.status.success(), "{:?}", hook.status);
     assert_eq!(
@@ -255,7 +313,6 @@ async fn helm_uninstall_runs_the_sweep_as_its_hook_and_finishes_with_no_fence_or
     assert_eq!(web.finalizers, vec![HELM_CONTROLLER_FINALIZER]);
 
     let client = setup.ns.client.clone();
-    let hook_name = format!("{fullname}-pre-delete");
     assert_eq!(
         Api::<Lease>::namespaced(client.clone(), ns)
             .get_opt(&fullname)
@@ -292,6 +349,10 @@ async fn helm_uninstall_runs_the_sweep_as_its_hook_and_finishes_with_no_fence_or
     );
     let list = setup.helm(&["list", "--all", "-o", "json"])?;
     assert_eq!(serde_json::from_slice::<Value>(&list.stdout)?, json!([]));
+
+    // The hook used every permission its roles grant, and was refused none:
+    // dropping any one rule (or verb) refuses a request this run needs.
+    check_uses_exactly_what_is_granted(&hook_user, &setup.render().manifests()?, true)?;
     Ok(())
 }
 
@@ -302,30 +363,7 @@ async fn helm_uninstall_fails_while_the_sweep_cannot_remove_a_fence() -> Result<
     setup.install(&[])?;
     let apps = TestNamespace::create(&setup.ns.client, "uninstall-held").await?;
     held_release(&apps, "web").await?;
-    let refusal = apps
-        .refuse(
-            "no-patch",
-            json!({"apiGroups": ["helm.toolkit.fluxcd.io"], "apiVersions": ["*"], "operations": ["UPDATE"], "resources": ["helmreleases"]}),
-            "false",
-            "test: every HelmRelease write is refused",
-        )
-        .await?;
-    testkit::eventually(
-        Duration::from_secs(30),
-        "the admission policy refuses HelmRelease writes",
-        || {
-            let releases = apps.releases();
-            async move {
-                let params = PatchParams {
-                    dry_run: true,
-                    ..Default::default()
-                };
-                let probe = Patch::Merge(json!({"metadata": {"labels": {"probe": "1"}}}));
-                Ok(releases.patch("web", &params, &probe).await.is_err())
-            }
-        },
-    )
-    .await?;
+    let refusal = refuse_writes(&apps).await?;
     let (ns, fullname, release) = (&setup.ns.name, setup.fullname(), setup.release());
 
     let uninstall = tokio::process::Command::from(setup.helm_command(&[

@@ -268,7 +268,7 @@ impl FluxPlunger {
         ns: &TestNamespace,
         env: &[(&str, &std::path::Path)],
     ) -> Result<Self> {
-        use testkit::control_plane::{AuthInfo, control_plane, free_port, workspace_binary};
+        use testkit::control_plane::{AuthInfo, control_plane, free_ports, workspace_binary};
         let binary = workspace_binary("flux-plunger")?;
         // The supervisor removes the directory once flux-plunger stopped.
         let dir = tempfile::Builder::new()
@@ -278,12 +278,12 @@ impl FluxPlunger {
         let kubeconfig = dir.join("kubeconfig");
         control_plane().write_kubeconfig(&kubeconfig, &AuthInfo::AdminCertificate)?;
         let log = dir.join("flux-plunger.log");
-        let health = free_port()?;
+        let [metrics, health] = free_ports()?;
         let args = vec![
             format!("--kubeconfig={}", kubeconfig.display()),
             "--leader-elect=false".to_owned(),
             format!("--watch-namespace={}", ns.name),
-            format!("--metrics-addr=127.0.0.1:{}", free_port()?),
+            format!("--metrics-addr=127.0.0.1:{metrics}"),
             format!("--health-addr=127.0.0.1:{health}"),
             "--log-encoding=console".to_owned(),
             "--log-level=debug".to_owned(),

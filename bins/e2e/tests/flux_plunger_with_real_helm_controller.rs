@@ -13,6 +13,7 @@ use e2e::{
 use plunger::names::{
     FENCE_FINALIZER, HELM_CONTROLLER_FINALIZER, PROCESSED_VERSION_ANNOTATION, reasons,
 };
+use serde_json::json;
 use testkit::helm_storage::revision_statuses;
 use testkit::real_helm_controller::{demo_configmap, helm_controller, helmchart_exists, wait_for};
 use testkit::{TestNamespace, control_plane};
@@ -222,5 +223,202 @@ async fn flux_plunger_lets_go_of_a_release_someone_else_suspended_and_deleted() 
     assert_eq!(storage(&ns).await?, revisions(&[(1, "deployed")]));
     assert!(helmchart_exists(&ns, RELEASE).await?);
     assert_flux_plunger_events(&ns, &[("Normal", reasons::TERMINATING_WHILE_SUSPENDED)]).await?;
+    Ok(())
+}
+
+/// Who handles the delete that lands while flux-plunger holds its suspension.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum FirstToHandle {
+    /// helm-controller sees the suspended, deleted release first (it skips
+    /// the uninstall and drops its finalizer), then flux-plunger resumes.
+    HelmController,
+    /// flux-plunger resumes and lets go of its suspension before
+    /// helm-controller can finish with the delete (its finalizer removal is
+    /// refused by an admission policy until then).
+    FluxPlunger,
+}
+
+/// What a delete during a paused recovery left behind.
+#[derive(Debug)]
+struct RaceOutcome {
+    /// The release was still there (held) once helm-controller had handled
+    /// the suspended delete.
+    held_after_suspended_delete: bool,
+    /// helm-controller deleted the release's HelmChart: its deletion path ran
+    /// on the unsuspended release (it skips both the uninstall and the
+    /// HelmChart while suspended).
+    helmchart_deleted: bool,
+    storage: Vec<(u64, String)>,
+    configmap_left: bool,
+}
+
+/// A real flux-plunger (a test build) recovering a release the real
+/// helm-controller left stuck, paused right after it took its suspension
+/// (and, unless `unfenced`, its fence): the delete lands in that window,
+/// handled first by `first`. Then everything settles and the release is gone.
+async fn delete_during_a_paused_recovery(
+    prefix: &str,
+    first: FirstToHandle,
+    unfenced: bool,
+) -> Result<RaceOutcome> {
+    let ns = namespace(prefix).await?;
+    make_stuck(&ns, RELEASE).await?;
+    let gate = tempfile::tempdir()?;
+    let pause = gate.path().join("pause");
+    let (reached, resume) = (
+        pause.with_extension("reached"),
+        pause.with_extension("release"),
+    );
+    // helm-controller's finalizer removal refused while the refusal is in
+    // force: how flux-plunger gets to handle the delete first, for certain.
+    let refusal = match first {
+        FirstToHandle::FluxPlunger => Some(
+            ns.refuse(
+                "keep-helm-controller-finalizer",
+                json!({"apiGroups": ["helm.toolkit.fluxcd.io"], "apiVersions": ["*"], "operations": ["UPDATE"], "resources": ["helmreleases"]}),
+                &format!(
+                    "!has(oldObject.metadata.finalizers) || !('{f}' in oldObject.metadata.finalizers) \
+                     || (has(object.metadata.finalizers) && '{f}' in object.metadata.finalizers)",
+                    f = HELM_CONTROLLER_FINALIZER
+                ),
+                "test: helm-controller's finalizer stays until flux-plunger has resumed",
+            )
+            .await?,
+        ),
+        FirstToHandle::HelmController => None,
+    };
+    if refusal.is_some() {
+        wait_for("the refusal in force", || async {
+            let params = kube::api::PatchParams {
+                dry_run: true,
+                ..Default::default()
+            };
+            let drop_finalizers = kube::api::Patch::Merge(json!({"metadata": {"finalizers": []}}));
+            let refused = ns
+                .releases()
+                .patch(RELEASE, &params, &drop_finalizers)
+                .await
+                .is_err();
+            Ok(refused.then_some(()))
+        })
+        .await?;
+    }
+    let mut env = vec![
+        (
+            "FLUX_PLUNGER_TEST_PAUSE_AT",
+            std::path::Path::new("acquired"),
+        ),
+        ("FLUX_PLUNGER_TEST_PAUSE_FILE", pause.as_path()),
+    ];
+    if unfenced {
+        env.push(("FLUX_PLUNGER_TEST_UNFENCED", std::path::Path::new("1")));
+    }
+    let flux_plunger = FluxPlunger::start_with_env(&ns, &env).await?;
+    let log = || flux_plunger.log_text();
+    wait_for(
+        "flux-plunger paused after taking its suspension",
+        || async { Ok(reached.exists().then_some(())) },
+    )
+    .await
+    .with_context(log)?;
+    let held = wait_until(
+        &ns,
+        RELEASE,
+        "the suspension observed",
+        Observed::is_observed,
+    )
+    .await?;
+    assert!(held.suspend);
+    assert_eq!(
+        held.finalizers.contains(&FENCE_FINALIZER.to_owned()),
+        !unfenced
+    );
+    delete(&ns, RELEASE).await?;
+
+    let held_after_suspended_delete = match first {
+        FirstToHandle::HelmController => {
+            wait_for("helm-controller's suspended delete", || async {
+                Ok(match e2e::observe(&ns, RELEASE).await? {
+                    None => Some(false),
+                    Some(o) => (!o.has_helm_controller_finalizer()).then_some(true),
+                })
+            })
+            .await?
+        }
+        FirstToHandle::FluxPlunger => {
+            wait_for("helm-controller refused its finalizer removal", || async {
+                let refused = helm_controller()
+                    .log_lines_with("helm-controller's finalizer stays")
+                    .iter()
+                    .any(|l| l.contains(&ns.name));
+                Ok(refused.then_some(()))
+            })
+            .await?;
+            true
+        }
+    };
+    std::fs::write(&resume, b"")?;
+    if let Some(refusal) = refusal {
+        wait_until(&ns, RELEASE, "flux-plunger lifted its suspension", |o| {
+            !o.suspend
+        })
+        .await
+        .with_context(log)?;
+        refusal.lift().await?;
+    }
+    wait_gone(&ns, RELEASE).await.with_context(log)?;
+    Ok(RaceOutcome {
+        held_after_suspended_delete,
+        helmchart_deleted: !helmchart_exists(&ns, RELEASE).await?,
+        storage: storage(&ns).await?,
+        configmap_left: configmap_data(&ns).await?.is_some(),
+    })
+}
+
+/// SPEC §5 against the real helm-controller, in both orders: the fence holds
+/// the deleted release until helm-controller has handled it unsuspended. Its
+/// deletion path then ran (the HelmChart is gone); flux-plunger deleted no
+/// storage revision (it saw the delete and kept the stuck one).
+///
+/// The ConfigMap stays, fence or not: helm-controller cleared `status.history`
+/// when it met the stuck storage ("release not managed by controller"), and
+/// its uninstall needs the latest history entry (`ErrNoLatest`, tolerated on
+/// delete). See README "Known limits"; if helm-controller ever uninstalls such
+/// a release, the `configmap_left` assertions below say so.
+#[tokio::test]
+async fn a_delete_while_the_paused_process_holds_its_suspension_is_held_until_helm_controller_handles_it_unsuspended()
+-> Result<()> {
+    for (prefix, first) in [
+        ("e2e-race-hc-first", FirstToHandle::HelmController),
+        ("e2e-race-fp-first", FirstToHandle::FluxPlunger),
+    ] {
+        let outcome = delete_during_a_paused_recovery(prefix, first, false).await?;
+        assert!(
+            outcome.held_after_suspended_delete,
+            "{first:?}: {outcome:?}"
+        );
+        assert!(outcome.helmchart_deleted, "{first:?}: {outcome:?}");
+        assert_eq!(
+            outcome.storage,
+            revisions(&[(1, "superseded"), (2, "uninstalling")]),
+            "{first:?}"
+        );
+        assert!(outcome.configmap_left, "{first:?}: {outcome:?}");
+    }
+    Ok(())
+}
+
+/// The bug the fence exists for, seen by the suite: the same race with the
+/// fence switched off (test builds only). helm-controller handles the
+/// suspended delete, skips its deletion path and drops its finalizer; nothing
+/// holds the release, so it goes at once and its HelmChart is orphaned.
+#[tokio::test]
+async fn without_the_fence_the_same_delete_skips_helm_controller_s_deletion_path() -> Result<()> {
+    let outcome =
+        delete_during_a_paused_recovery("e2e-race-unfenced", FirstToHandle::HelmController, true)
+            .await?;
+    assert!(!outcome.held_after_suspended_delete, "{outcome:?}");
+    assert!(!outcome.helmchart_deleted, "orphaned: {outcome:?}");
+    assert!(outcome.configmap_left, "{outcome:?}");
     Ok(())
 }

@@ -63,7 +63,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     let (done, done_rx) = tokio::sync::oneshot::channel();
     let renewer = tokio::spawn(keep_lease(lock, timings, lost.clone(), done_rx));
     let events = args.events.events(client.clone(), &identity);
-    let reconciler = Reconciler::new(client.clone(), events, timings);
+    let reconciler = Reconciler::new(client.clone(), events, timings).with_test_hooks_from_env();
     let report = tokio::select! {
         report = drain(&client, &reconciler, deadline, usize::from(args.concurrent)) => Some(report),
         () = wait_lost(lost.clone()) => None,

@@ -27,11 +27,16 @@ enum Stop {
     LostLease,
 }
 
+/// How long the controller waits for the apiserver's first answer at start.
+const APISERVER_PATIENCE: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Runs the controller until it is told to stop.
 pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     args.log.init();
     let timings = args.grace.shutdown_grace_period_seconds;
-    let client = args.kube.client().await?;
+    // Fail loudly (and be restarted) rather than run blind: nothing below can
+    // work without the apiserver.
+    let client = args.kube.answering_client(APISERVER_PATIENCE).await?;
     let identity = args.lease.identity();
     let metrics = Arc::new(Metrics::default());
     let readiness = Readiness::default();

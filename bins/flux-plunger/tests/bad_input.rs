@@ -155,3 +155,46 @@ fn the_sweep_without_a_namespace_says_which_flag_is_missing() -> Result<()> {
     );
     Ok(())
 }
+
+/// A kubeconfig that reads fine but points where no apiserver answers: the
+/// controller says so, naming the server and the flag, and exits 1 (to be
+/// restarted) instead of running blind; the sweeper's commands fail naming
+/// the refused connection.
+#[test]
+fn a_kubeconfig_whose_apiserver_does_not_answer_is_named() -> Result<()> {
+    // A port that was just free: nothing listens there.
+    let port = testkit::control_plane::free_port()?;
+    let server = format!("https://127.0.0.1:{port}");
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("kubeconfig");
+    std::fs::write(
+        &path,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: {server}\n    insecure-skip-tls-verify: true\ncontexts:\n- name: c\n  context: {{cluster: c, user: u}}\ncurrent-context: c\nusers:\n- name: u\n  user:\n    token: t\n"
+        ),
+    )?;
+    let flag = format!("--kubeconfig={}", path.display());
+
+    let (code, stderr) = run(
+        "flux-plunger",
+        &[
+            &flag,
+            "--leader-elect=false",
+            "--metrics-addr=127.0.0.1:0",
+            "--health-addr=127.0.0.1:0",
+            "--log-encoding=console",
+        ],
+    )?;
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&format!("the apiserver at {server}/"))
+            && stderr.contains(&format!("--kubeconfig {}", path.display()))
+            && stderr.contains("did not answer"),
+        "{stderr}"
+    );
+
+    let (code, stderr) = run("flux-plunger-sweep", &["list", &flag])?;
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stderr.contains("Connection refused"), "{stderr}");
+    Ok(())
+}

@@ -9,17 +9,9 @@ use kube::api::Api;
 use plunger::names::PROCESSED_VERSION_ANNOTATION;
 use plunger::release::ReleaseView;
 use serde_json::json;
-use testkit::control_plane::AuthInfo;
+use testkit::control_plane::{AuthInfo, free_ports};
 use testkit::{Handled, SimulatedHelmController, TestNamespace, control_plane, eventually};
 use tokio::process::{Child, Command};
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 struct Running {
     child: Child,
@@ -32,7 +24,7 @@ async fn start(extra: &[&str], env: &[(&str, &str)]) -> Result<Running> {
     let dir = tempfile::tempdir()?;
     let kubeconfig = dir.path().join("kubeconfig");
     control_plane().write_kubeconfig(&kubeconfig, &AuthInfo::AdminCertificate)?;
-    let (metrics, health) = (free_port(), free_port());
+    let [metrics, health] = free_ports()?;
     let mut command = Command::new(env!("CARGO_BIN_EXE_flux-plunger"));
     command
         .arg(format!("--kubeconfig={}", kubeconfig.display()))
@@ -132,15 +124,7 @@ async fn the_controller_recovers_a_stuck_release_and_counts_it() -> Result<()> {
         },
     )
     .await?;
-    let secrets: Vec<String> = ns
-        .secrets()
-        .list(&Default::default())
-        .await?
-        .items
-        .into_iter()
-        .filter_map(|s| s.metadata.name)
-        .collect();
-    assert_eq!(secrets, vec!["sh.helm.release.v1.web.v1"]);
+    assert_eq!(ns.secret_names().await?, vec!["sh.helm.release.v1.web.v1"]);
 
     let (status, metrics) = http_get(running.metrics, "/metrics").await?;
     assert_eq!(status, 200);

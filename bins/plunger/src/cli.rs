@@ -19,6 +19,44 @@ pub struct KubeArgs {
 impl KubeArgs {
     /// A client for the configured cluster.
     pub async fn client(&self) -> anyhow::Result<kube::Client> {
+        Ok(kube::Client::try_from(self.config().await?)?)
+    }
+
+    /// A client for the configured cluster, once its apiserver has answered
+    /// (`/version`, open to every identity). A kubeconfig that points nowhere
+    /// fails here, naming the server, after `patience` of retries, instead of
+    /// as an endless stream of connection errors from a process that looks
+    /// alive.
+    pub async fn answering_client(
+        &self,
+        patience: std::time::Duration,
+    ) -> anyhow::Result<kube::Client> {
+        let config = self.config().await?;
+        let server = config.cluster_url.to_string();
+        let client = kube::Client::try_from(config)?;
+        let deadline = std::time::Instant::now() + patience;
+        loop {
+            match client.apiserver_version().await {
+                Ok(_) => return Ok(client),
+                Err(err) if std::time::Instant::now() < deadline => {
+                    tracing::warn!(%server, error = %err, "the apiserver does not answer yet; trying again");
+                    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                }
+                Err(err) => {
+                    let source = match &self.kubeconfig {
+                        Some(path) => format!(" (from --kubeconfig {})", path.display()),
+                        None => String::new(),
+                    };
+                    anyhow::bail!(
+                        "the apiserver at {server}{source} did not answer for {}s: {err}",
+                        patience.as_secs()
+                    )
+                }
+            }
+        }
+    }
+
+    async fn config(&self) -> anyhow::Result<kube::Config> {
         use anyhow::Context;
         let config = match &self.kubeconfig {
             Some(path) => {
@@ -32,7 +70,7 @@ impl KubeArgs {
                 "no usable cluster configuration (in-cluster, $KUBECONFIG or ~/.kube/config)",
             )?,
         };
-        Ok(kube::Client::try_from(config)?)
+        Ok(config)
     }
 }
 

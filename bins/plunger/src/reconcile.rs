@@ -60,7 +60,10 @@ pub struct Controls {
     pub rate_limit: Option<crate::ratelimit::RateLimiter>,
 }
 
-/// Points inside a recovery where a test can act (a delete, a foreign write).
+/// Points inside a recovery where a test can act (a delete, a foreign
+/// write, a crash): one right before and one right after every write of
+/// SPEC §4 and §5. `test_hooks` pauses a test build of a binary at them by
+/// name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Step {
     /// The release was read fresh; the unforced acquire comes next.
@@ -68,12 +71,56 @@ pub enum Step {
     /// The unforced acquire conflicted and the release was read again; the
     /// forced acquire comes next.
     BeforeForcedAcquire,
-    /// The suspension and fence are held.
+    /// The suspension and fence are held (right after the acquire, forced or
+    /// not); the annotation comes next.
     Acquired,
     /// The annotation is written; the termination re-check comes next.
     Annotated,
+    /// The re-check found the release live; the storage Secret's delete
+    /// comes next.
+    BeforeDeleteStorage,
+    /// The storage Secret is deleted (or was already gone).
+    AfterDeleteStorage,
     /// A lift of our suspension or fence is about to be sent.
     BeforeLift,
+    /// A lift was accepted.
+    AfterLift,
+    /// The drop of our fence (no suspension of ours left) is about to be sent.
+    BeforeDropFence,
+    /// The drop of our fence was accepted.
+    AfterDropFence,
+}
+
+impl Step {
+    /// Every step, in the order a recovery (then a delete) meets them.
+    pub const ALL: [Step; 10] = [
+        Step::BeforeAcquire,
+        Step::BeforeForcedAcquire,
+        Step::Acquired,
+        Step::Annotated,
+        Step::BeforeDeleteStorage,
+        Step::AfterDeleteStorage,
+        Step::BeforeLift,
+        Step::AfterLift,
+        Step::BeforeDropFence,
+        Step::AfterDropFence,
+    ];
+
+    /// The name `FLUX_PLUNGER_TEST_PAUSE_AT` knows it by.
+    pub fn name(self) -> &'static str {
+        match self {
+            Step::BeforeAcquire => "before-acquire",
+            Step::BeforeForcedAcquire => "before-forced-acquire",
+            Step::Acquired => "acquired",
+            Step::Annotated => "annotated",
+            Step::BeforeDeleteStorage => "before-delete-storage",
+            Step::AfterDeleteStorage => "after-delete-storage",
+            Step::BeforeLift => "before-lift",
+            Step::AfterLift => "after-lift",
+            Step::BeforeDropFence => "before-drop-fence",
+            Step::AfterDropFence => "after-drop-fence",
+        }
+    }
 }
 
 /// Test-only switches: a pause at each [`Step`], and the fence turned off so
@@ -179,6 +226,10 @@ impl Reconciler {
         if !release.malformed.is_empty() {
             tracing::warn!(release = %release.key(), fields = ?release.malformed, "ignoring malformed fields of the HelmRelease");
         }
+        if let crate::release::ProcessedVersion::Unparsable(text) = release.processed_version() {
+            // SPEC §4 step 7: the guard does not hold, the recovery carries on.
+            tracing::warn!(release = %release.key(), annotation = crate::names::PROCESSED_VERSION_ANNOTATION, value = %text, "ignoring an annotation that is not a revision number");
+        }
         release
     }
 
@@ -227,12 +278,14 @@ impl Reconciler {
                 if let Some(event) = event {
                     self.events.record(release, &event).await;
                 }
+                self.pause_at_step(Step::BeforeDropFence).await;
                 self.write(release, Claim::NOTHING)
                     .await
                     .map_err(|source| Error::Lift {
                         key: release.key(),
                         source,
                     })?;
+                self.pause_at_step(Step::AfterDropFence).await;
                 tracing::info!(release = %release.key(), "dropped the uninstall fence");
                 Ok(Outcome::FenceDropped)
             }
@@ -260,6 +313,7 @@ impl Reconciler {
         self.pause_at_step(Step::BeforeLift).await;
         match self.write(release, claim).await {
             Ok(_) => {
+                self.pause_at_step(Step::AfterLift).await;
                 tracing::info!(release = %release.key(), kept_fence = keep_fence, "lifted flux-plunger's suspension");
                 Ok(())
             }
@@ -503,6 +557,7 @@ impl Reconciler {
         }
         let release = recheck.expect("may_delete_storage implies a release");
 
+        self.pause_at_step(Step::BeforeDeleteStorage).await;
         match storage::delete_revision(storage_client, target).await {
             Ok(()) => {}
             // Already gone: whoever deleted it did what we meant to.
@@ -515,6 +570,7 @@ impl Reconciler {
                 });
             }
         }
+        self.pause_at_step(Step::AfterDeleteStorage).await;
         tracing::info!(release = %release.key(), secret = %target.name, "deleted the newest storage revision");
         self.finish(release.clone()).await?;
         let event = EventSpec {

@@ -20,6 +20,7 @@ use serde_json::{Value, json};
 use crate::drain::list_fenced;
 use crate::names::{FENCE_FINALIZER, PROCESSED_VERSION_ANNOTATION};
 use crate::release::{ReleaseView, helmreleases};
+use crate::test_hooks::{SweepStep, pause_at};
 
 /// The field manager of the sweep's patches (never `flux-plunger`, whose
 /// `Apply` entries mean "our suspension").
@@ -310,12 +311,16 @@ pub async fn run_hook(client: &Client, config: &HookConfig) -> HookReport {
             field_manager: Some(SWEEP_FIELD_MANAGER.to_owned()),
             ..PatchParams::default()
         };
+        pause_at(SweepStep::BeforeScaleDown.name()).await;
         match retry(budget, "scaling the Deployment to 0", || {
             deployments.patch_scale(&config.deployment, &params, &scale)
         })
         .await
         {
-            Ok(_) => report.say(format!("scaled Deployment {target} to 0")),
+            Ok(_) => {
+                pause_at(SweepStep::ScaledDown.name()).await;
+                report.say(format!("scaled Deployment {target} to 0"))
+            }
             Err(err) => {
                 report.say(format!(
                     "could not scale Deployment {target} to 0: {}; no fence was touched",
@@ -433,14 +438,18 @@ pub async fn run_hook(client: &Client, config: &HookConfig) -> HookReport {
     } else {
         // Beyond the original: no flux-plunger is left, so its Lease goes too.
         let leases: Api<Lease> = Api::namespaced(client.clone(), &config.namespace);
+        pause_at(SweepStep::BeforeLeaseDelete.name()).await;
         match budget
             .bounded(leases.delete(&config.lease, &DeleteParams::default()))
             .await
         {
-            Ok(_) => report.say(format!(
-                "removed the leader Lease {}/{}",
-                config.namespace, config.lease
-            )),
+            Ok(_) => {
+                pause_at(SweepStep::LeaseDeleted.name()).await;
+                report.say(format!(
+                    "removed the leader Lease {}/{}",
+                    config.namespace, config.lease
+                ))
+            }
             Err(kube::Error::Api(s)) if s.code == 404 => {}
             Err(err) => {
                 tracing::warn!(error = %describe(&err), "could not remove the leader Lease; it is inert")
@@ -503,8 +512,16 @@ pub async fn release_with_retry(
         if plan.without_uninstall && uninstall == Uninstall::MustNotSkip {
             return Err(NotReleased::WouldSkipUninstall);
         }
+        if plan.without_uninstall {
+            // Said before the write: a run killed right after it (the Job's
+            // deadline, an eviction) must still have named the release whose
+            // uninstall it skipped; its report is never printed then.
+            tracing::warn!(release = %release.key(), "letting go of a release being deleted that helm-controller has not uninstalled: its Helm uninstall is skipped");
+        }
+        pause_at(SweepStep::BeforeReleasePatch.name()).await;
         let err = match budget.bounded(release_one(client, &release, &plan)).await {
             Ok(()) => {
+                pause_at(SweepStep::ReleasePatched.name()).await;
                 return Ok(Released {
                     without_uninstall: plan.without_uninstall,
                 });
@@ -579,6 +596,27 @@ mod tests {
         );
         assert!(
             !ReleasePlan::of(&release(&[("velero", "Update")], &[FENCE_FINALIZER])).lift_suspension
+        );
+    }
+
+    #[test]
+    fn a_plan_is_empty_only_when_there_is_neither_a_suspension_to_lift_nor_a_fence() {
+        assert!(ReleasePlan::of(&release(&[], &["finalizers.fluxcd.io"])).is_empty());
+        assert!(ReleasePlan::of(&release(&[("velero", "Update")], &[])).is_empty());
+        assert!(!ReleasePlan::of(&release(&[], &[FENCE_FINALIZER])).is_empty());
+        assert!(!ReleasePlan::of(&release(&[("flux-plunger", "Apply")], &[])).is_empty());
+    }
+
+    #[test]
+    fn the_budget_retries_for_the_window_and_finishes_a_margin_later() {
+        let before = Instant::now();
+        let budget = Budget::from_now(Duration::from_secs(10), Duration::from_secs(5));
+        let after = Instant::now();
+        assert!(budget.retry_until >= before + Duration::from_secs(10));
+        assert!(budget.retry_until <= after + Duration::from_secs(10));
+        assert_eq!(
+            budget.finish_by - budget.retry_until,
+            Duration::from_secs(5)
         );
     }
 

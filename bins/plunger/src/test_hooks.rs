@@ -1,8 +1,33 @@
 //! Test-only knobs, compiled in only with the `test-hooks` feature (which
 //! `cargo test --workspace` turns on through testkit; a release build of a
 //! binary alone never has it).
+//!
+//! ## Fail points
+//!
+//! Every write of SPEC §4, §5 and §8 has a named point right before it and
+//! right after it (the [`Step`]s of a recovery, the [`SweepStep`]s of the
+//! pre-delete hook). A test build of any of the three binaries can be held at
+//! such a point from its environment:
+//!
+//! - `FLUX_PLUNGER_TEST_PAUSE_AT=POINT[,POINT...]` (the names of
+//!   [`Step::name`] and [`SweepStep::name`], e.g. `before-delete-storage`;
+//!   `NAME@N` for the N-th time the point is reached, e.g. the sweep's
+//!   fourth release) with `FLUX_PLUNGER_TEST_PAUSE_FILE=PATH`: when the
+//!   process reaches a listed point it writes the entry as listed to
+//!   `PATH.reached` (atomically, by a rename), then waits (at most 120 s)
+//!   until `PATH.release` exists, removes it, and goes on. Each entry pauses
+//!   once per process; several entries pause one after the other, so a test
+//!   can act at the first (land a delete) and act again at the second.
+//! - While the process waits at a point, the test can SIGKILL it: that is a
+//!   crash right before (or right after) that write, with nothing flushed or
+//!   undone. The crash suites (`tests/crash.rs` of each binary) do that at
+//!   every point, then restart the binary and check the invariants.
+//! - `FLUX_PLUNGER_TEST_UNFENCED=1` (controller): suspend without the fence,
+//!   to show the orphaning the fence prevents.
 
 use std::time::Duration;
+
+pub use crate::reconcile::Step;
 
 /// The pre-delete hook's retry window, shortened for tests of failures that
 /// persist (the real window is 180 s): `FLUX_PLUNGER_TEST_HOOK_RETRY_WINDOW_SECONDS`.
@@ -27,59 +52,205 @@ fn seconds_from(var: &str) -> Option<Duration> {
         .map(Duration::from_secs)
 }
 
-/// Test builds only: recovery hooks from the environment, so that a test (or
-/// the demo) can hold a real `flux-plunger` process at a step of its recovery:
-///
-/// - `FLUX_PLUNGER_TEST_PAUSE_AT=acquired` (or `annotated`, `before-acquire`,
-///   `before-forced-acquire`, `before-lift`) with
-///   `FLUX_PLUNGER_TEST_PAUSE_FILE=PATH`: at that step the process creates
-///   `PATH.reached`, then waits (at most 120 s) until `PATH.release` exists;
-///   once per process;
-/// - `FLUX_PLUNGER_TEST_UNFENCED=1`: suspend without the fence, to show the
-///   orphaning the fence prevents.
+/// The fail points of the pre-delete hook (SPEC §8): around the scale-down of
+/// the Deployment, around each release's guarded JSON patch, and around the
+/// removal of the leader Lease once no flux-plunger pod is left.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SweepStep {
+    /// The Deployment was read; its scale-down to 0 comes next.
+    BeforeScaleDown,
+    /// The Deployment is scaled to 0.
+    ScaledDown,
+    /// A release's patch (lift our suspension, remove the fence) comes next.
+    BeforeReleasePatch,
+    /// A release's patch was accepted.
+    ReleasePatched,
+    /// The summary is out and no pod is left; the Lease's delete comes next.
+    BeforeLeaseDelete,
+    /// The Lease is deleted.
+    LeaseDeleted,
+}
+
+impl SweepStep {
+    pub const ALL: [SweepStep; 6] = [
+        SweepStep::BeforeScaleDown,
+        SweepStep::ScaledDown,
+        SweepStep::BeforeReleasePatch,
+        SweepStep::ReleasePatched,
+        SweepStep::BeforeLeaseDelete,
+        SweepStep::LeaseDeleted,
+    ];
+
+    /// The name `FLUX_PLUNGER_TEST_PAUSE_AT` knows it by.
+    pub fn name(self) -> &'static str {
+        match self {
+            SweepStep::BeforeScaleDown => "before-scale-down",
+            SweepStep::ScaledDown => "scaled-down",
+            SweepStep::BeforeReleasePatch => "before-release-patch",
+            SweepStep::ReleasePatched => "release-patched",
+            SweepStep::BeforeLeaseDelete => "before-lease-delete",
+            SweepStep::LeaseDeleted => "lease-deleted",
+        }
+    }
+}
+
+/// Pauses at `point` if the environment asks for it (see the module doc); a
+/// no-op in a build without the `test-hooks` feature.
+pub async fn pause_at(point: &'static str) {
+    #[cfg(feature = "test-hooks")]
+    if let Some(pauser) = env_pauser() {
+        pauser.pause(point).await;
+    }
+    #[cfg(not(feature = "test-hooks"))]
+    let _ = point;
+}
+
+/// The pauses `FLUX_PLUNGER_TEST_PAUSE_AT` / `_FILE` ask for, read once.
+#[cfg(feature = "test-hooks")]
+fn env_pauser() -> Option<&'static EnvPauser> {
+    static PAUSER: std::sync::OnceLock<Option<EnvPauser>> = std::sync::OnceLock::new();
+    PAUSER
+        .get_or_init(|| {
+            let points = std::env::var("FLUX_PLUNGER_TEST_PAUSE_AT").ok()?;
+            let file = std::env::var("FLUX_PLUNGER_TEST_PAUSE_FILE").ok()?;
+            let points = points
+                .split(',')
+                .map(str::trim)
+                .filter(|p| !p.is_empty())
+                .filter_map(|listed| match PausePoint::parse(listed) {
+                    Some(point) => Some(point),
+                    None => {
+                        // A typo would make a test wait for a pause that never comes.
+                        tracing::error!(point = %listed, "test build: FLUX_PLUNGER_TEST_PAUSE_AT names no fail point");
+                        None
+                    }
+                })
+                .collect();
+            Some(EnvPauser {
+                points,
+                file,
+                reached: std::sync::Mutex::default(),
+            })
+        })
+        .as_ref()
+}
+
+/// One entry of `FLUX_PLUNGER_TEST_PAUSE_AT`: `NAME` pauses the first time
+/// the point is reached, `NAME@N` the N-th time (a later release of a drain
+/// or a sweep, a second attempt).
+#[cfg(feature = "test-hooks")]
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct PausePoint {
+    listed: String,
+    name: &'static str,
+    occurrence: u32,
+}
+
+#[cfg(feature = "test-hooks")]
+impl PausePoint {
+    fn parse(listed: &str) -> Option<Self> {
+        let (name, occurrence) = match listed.split_once('@') {
+            Some((name, n)) => (name, n.parse().ok().filter(|n| *n >= 1)?),
+            None => (listed, 1),
+        };
+        let name = Step::ALL
+            .iter()
+            .map(|s| s.name())
+            .chain(SweepStep::ALL.iter().map(|s| s.name()))
+            .find(|known| *known == name)?;
+        Some(Self {
+            listed: listed.to_owned(),
+            name,
+            occurrence,
+        })
+    }
+}
+
+#[cfg(feature = "test-hooks")]
+struct EnvPauser {
+    points: Vec<PausePoint>,
+    file: String,
+    /// How often each point was reached in this process.
+    reached: std::sync::Mutex<std::collections::HashMap<&'static str, u32>>,
+}
+
+#[cfg(feature = "test-hooks")]
+impl EnvPauser {
+    async fn pause(&self, point: &'static str) {
+        if !self.points.iter().any(|p| p.name == point) {
+            return;
+        }
+        let occurrence = {
+            let mut reached = self.reached.lock().expect("pause counts poisoned");
+            let count = reached.entry(point).or_default();
+            *count += 1;
+            *count
+        };
+        let Some(listed) = self
+            .points
+            .iter()
+            .find(|p| p.name == point && p.occurrence == occurrence)
+            .map(|p| p.listed.clone())
+        else {
+            return;
+        };
+        let reached = format!("{}.reached", self.file);
+        let release = format!("{}.release", self.file);
+        // Written aside and renamed: a test polling the file never reads it half written.
+        let aside = format!("{}.reached.tmp", self.file);
+        if std::fs::write(&aside, &listed).is_ok() {
+            let _ = std::fs::rename(&aside, &reached);
+        }
+        tracing::warn!(point = %listed, "test build: paused until {release} exists");
+        let deadline = std::time::Instant::now() + Duration::from_secs(120);
+        while !std::path::Path::new(&release).exists() && std::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // Consumed, so that a later point of the list waits for its own release.
+        let _ = std::fs::remove_file(&release);
+        tracing::warn!(point = %listed, "test build: going on");
+    }
+}
+
+/// Test builds only: recovery hooks from the environment (see the module
+/// doc), so that a test (or the demo) can hold a real `flux-plunger` or
+/// `flux-plunger-drain` process at a step of its recovery or drain.
 #[cfg(feature = "test-hooks")]
 pub fn hooks_from_env() -> crate::reconcile::TestHooks {
-    use crate::reconcile::Step;
     use futures::FutureExt;
     use std::sync::Arc;
-    use std::sync::atomic::{AtomicBool, Ordering};
 
     let unfenced = std::env::var("FLUX_PLUNGER_TEST_UNFENCED").is_ok_and(|v| v == "1");
-    let step = std::env::var("FLUX_PLUNGER_TEST_PAUSE_AT")
-        .ok()
-        .and_then(|s| match s.as_str() {
-            "before-acquire" => Some(Step::BeforeAcquire),
-            "before-forced-acquire" => Some(Step::BeforeForcedAcquire),
-            "acquired" => Some(Step::Acquired),
-            "annotated" => Some(Step::Annotated),
-            "before-lift" => Some(Step::BeforeLift),
-            _ => None,
-        });
-    let file = std::env::var("FLUX_PLUNGER_TEST_PAUSE_FILE").ok();
-    let pause = match (step, file) {
-        (Some(at), Some(file)) => {
-            let done = Arc::new(AtomicBool::new(false));
-            let pause: Arc<dyn Fn(Step) -> futures::future::BoxFuture<'static, ()> + Send + Sync> =
-                Arc::new(move |step| {
-                    if step != at || done.swap(true, Ordering::SeqCst) {
-                        return async {}.boxed();
-                    }
-                    let file = file.clone();
-                    async move {
-                        let _ = std::fs::write(format!("{file}.reached"), b"");
-                        tracing::warn!(?step, "test build: paused until {file}.release exists");
-                        let deadline = std::time::Instant::now() + Duration::from_secs(120);
-                        while !std::path::Path::new(&format!("{file}.release")).exists()
-                            && std::time::Instant::now() < deadline
-                        {
-                            tokio::time::sleep(Duration::from_millis(50)).await;
-                        }
-                    }
-                    .boxed()
-                });
-            Some(pause)
-        }
-        _ => None,
-    };
+    let pause = env_pauser().map(|pauser| {
+        let pause: Arc<dyn Fn(Step) -> futures::future::BoxFuture<'static, ()> + Send + Sync> =
+            Arc::new(move |step: Step| pauser.pause(step.name()).boxed());
+        pause
+    });
     crate::reconcile::TestHooks { unfenced, pause }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_fail_point_has_its_own_name() {
+        let mut names: Vec<&str> = Step::ALL.iter().map(|s| s.name()).collect();
+        names.extend(SweepStep::ALL.iter().map(|s| s.name()));
+        let count = names.len();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), count, "{names:?}");
+    }
+
+    #[cfg(feature = "test-hooks")]
+    #[test]
+    fn a_pause_entry_names_a_known_point_and_which_time_it_is_reached() {
+        let parsed = PausePoint::parse("release-patched@4").unwrap();
+        assert_eq!((parsed.name, parsed.occurrence), ("release-patched", 4));
+        assert_eq!(PausePoint::parse("annotated").unwrap().occurrence, 1);
+        assert_eq!(PausePoint::parse("anotated"), None);
+        assert_eq!(PausePoint::parse("annotated@0"), None);
+        assert_eq!(PausePoint::parse("annotated@x"), None);
+    }
 }

@@ -88,17 +88,7 @@ impl World {
     }
 
     async fn revisions(&self) -> Result<Vec<String>> {
-        let mut names: Vec<String> = self
-            .ns
-            .secrets()
-            .list(&Default::default())
-            .await?
-            .items
-            .into_iter()
-            .filter_map(|s| s.metadata.name)
-            .collect();
-        names.sort();
-        Ok(names)
+        self.ns.secret_names().await
     }
 
     async fn delete(&self, name: &str) -> Result<()> {
@@ -1142,16 +1132,7 @@ async fn stuck_elsewhere(
 }
 
 async fn secret_names(ns: &TestNamespace) -> Result<Vec<String>> {
-    let mut names: Vec<String> = ns
-        .secrets()
-        .list(&Default::default())
-        .await?
-        .items
-        .into_iter()
-        .filter_map(|s| s.metadata.name)
-        .collect();
-    names.sort();
-    Ok(names)
+    ns.secret_names().await
 }
 
 #[tokio::test]

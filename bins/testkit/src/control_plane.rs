@@ -83,9 +83,23 @@ pub fn tool(name: &str) -> Result<PathBuf> {
     Ok(path)
 }
 
-/// A TCP port on 127.0.0.1 that was free a moment ago.
+/// A TCP port on 127.0.0.1 that was free a moment ago. Two calls may return
+/// the same port: a process that needs several takes [`free_ports`].
 pub fn free_port() -> Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// `N` free loopback ports, all different: each is held until all are
+/// found (a port freed at once may be handed out again).
+pub fn free_ports<const N: usize>() -> Result<[u16; N]> {
+    let listeners = (0..N)
+        .map(|_| TcpListener::bind("127.0.0.1:0"))
+        .collect::<std::io::Result<Vec<_>>>()?;
+    let mut ports = [0; N];
+    for (port, listener) in ports.iter_mut().zip(&listeners) {
+        *port = listener.local_addr()?.port();
+    }
+    Ok(ports)
 }
 
 fn wait_for_port(port: u16, server: &mut Supervised, deadline: Instant) -> Result<()> {
@@ -130,8 +144,7 @@ impl ControlPlane {
             .keep();
         let pki = Pki::generate(&dir.join("pki"))?;
 
-        let etcd_port = free_port()?;
-        let etcd_peer_port = free_port()?;
+        let [etcd_port, etcd_peer_port] = free_ports()?;
         let etcd_url = format!("http://127.0.0.1:{etcd_port}");
         let peer_url = format!("http://127.0.0.1:{etcd_peer_port}");
         let etcd_args = vec![

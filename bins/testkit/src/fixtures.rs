@@ -54,6 +54,20 @@ impl TestNamespace {
         Api::namespaced(self.client.clone(), &self.name)
     }
 
+    /// The names of the Secrets of this namespace, sorted.
+    pub async fn secret_names(&self) -> Result<Vec<String>> {
+        let mut names: Vec<String> = self
+            .secrets()
+            .list(&Default::default())
+            .await?
+            .items
+            .into_iter()
+            .filter_map(|s| s.metadata.name)
+            .collect();
+        names.sort();
+        Ok(names)
+    }
+
     /// Creates a HelmRelease the way a user writes one (client-side, so no
     /// `Apply` entry exists), with `spec.interval` set and `extra_spec` merged.
     pub async fn create_release(&self, name: &str, extra_spec: Value) -> Result<DynamicObject> {
@@ -194,7 +208,8 @@ impl TestNamespace {
 
     /// Refuses, in this namespace only, every request matching `rule` with
     /// `message`, by a ValidatingAdmissionPolicy: a real refusal by the real
-    /// apiserver, for tests of failure handling. Returns once it is in force.
+    /// apiserver, for tests of failure handling. The apiserver takes a moment
+    /// to enforce a new policy: callers probe (a dry-run write) until it does.
     pub async fn refuse(
         &self,
         policy: &str,

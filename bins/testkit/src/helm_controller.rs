@@ -11,6 +11,15 @@
 //! "Installing" a release here means a ConfigMap `<release>-resources` in its
 //! namespace; the uninstall deletes it, so a test sees an orphan as a
 //! ConfigMap left behind by a release that is gone.
+//!
+//! What it leaves out, on purpose (checked against the real one in
+//! `bins/e2e`): the real helm-controller's deletion path uninstalls only what
+//! its `status.history` still names, and it clears that history when it meets
+//! storage it did not write — which is how a release gets stuck. So the real
+//! one deletes a stuck release's HelmChart but cannot uninstall it
+//! (`ErrNoLatest`), fence or not. Here the ConfigMap's delete stands for "the
+//! deletion path ran": the decision the fence protects, which is the same in
+//! both.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};

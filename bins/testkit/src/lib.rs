@@ -8,13 +8,21 @@
 //! End-to-end tests run Flux's real helm-controller on that control plane
 //! ([`real_helm_controller`]), with a loopback artifact server standing in for
 //! source-controller.
+//!
+//! Randomized tests put a [`FaultProxy`] between a client and the apiserver
+//! (resets, 5xx, 409s, 429s and latency at seeded rates, per verb) and draw
+//! their choices from a [`SeededRng`], so that a failing seed replays.
 #![forbid(unsafe_code)]
 
+pub mod audit;
 pub mod certs;
 pub mod control_plane;
+pub mod crash;
+pub mod fault_proxy;
 pub mod fixtures;
 pub mod helm_controller;
 pub mod process;
+pub mod seeded;
 
 // Flux's real helm-controller, and what it needs: a chart, an artifact server
 // and a reader of Helm's release storage.
@@ -24,8 +32,10 @@ pub mod helm_storage;
 pub mod real_helm_controller;
 
 pub use control_plane::{ControlPlane, control_plane};
+pub use fault_proxy::{Fault, FaultPlan, FaultProxy, FaultReport, Rates, Verb};
 pub use fixtures::{Refusal, SeenEvent, TestNamespace, eventually};
 pub use helm_controller::{Handled, SimulatedHelmController};
+pub use seeded::SeededRng;
 
 /// Tests that run a cluster-wide flux-plunger process (controller, drain,
 /// sweep) take turns: each acts on every namespace of the shared control

@@ -185,12 +185,13 @@ impl LoggedProcess {
         Ok(())
     }
 
-    /// Sends SIGTERM and waits (at most `timeout`) for the exit.
+    /// Sends SIGTERM and waits (at most `timeout`) for the exit and for the
+    /// last line it logged (a test reads the log right after).
     pub async fn terminate(
         &mut self,
         timeout: std::time::Duration,
     ) -> Result<std::process::ExitStatus> {
         self.sigterm()?;
-        Ok(tokio::time::timeout(timeout, self.child.wait()).await??)
+        self.wait(timeout).await
     }
 }

@@ -1,0 +1,318 @@
+//! The fault proxy against the real local apiserver: what each fault does
+//! to a request, and that a watch streams through a quiet proxy.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use anyhow::Result;
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{
+    Api, ListParams, ObjectMeta, Patch, PatchParams, PostParams, WatchEvent, WatchParams,
+};
+use serde_json::json;
+use testkit::{Fault, FaultPlan, FaultProxy, Rates, TestNamespace, Verb, control_plane};
+
+fn configmap(name: &str) -> ConfigMap {
+    ConfigMap {
+        metadata: ObjectMeta {
+            name: Some(name.to_owned()),
+            ..Default::default()
+        },
+        data: Some(BTreeMap::from([("k".to_owned(), "v".to_owned())])),
+        ..Default::default()
+    }
+}
+
+async fn namespace(prefix: &str) -> Result<TestNamespace> {
+    let admin = control_plane().client().await?;
+    TestNamespace::create(&admin, prefix).await
+}
+
+/// A proxy that injects `rates` on `verbs` only.
+async fn proxy(verbs: &[Verb], rates: Rates) -> Result<FaultProxy> {
+    FaultProxy::in_front_of_control_plane(FaultPlan::none(7).with_verbs(verbs, rates)).await
+}
+
+/// A client through the proxy without kube's retry of 429/503, to see each
+/// answer as the proxy gave it.
+fn no_retry_client(proxy: &FaultProxy) -> Result<kube::Client> {
+    let mut config = kube::Config::new(proxy.url().parse()?);
+    config.default_retry = false;
+    Ok(kube::Client::try_from(config)?)
+}
+
+#[tokio::test]
+async fn a_quiet_proxy_passes_every_verb_through_and_streams_a_watch() -> Result<()> {
+    let ns = namespace("proxy-quiet").await?;
+    let proxy = FaultProxy::in_front_of_control_plane(FaultPlan::none(1)).await?;
+    let through: Api<ConfigMap> = Api::namespaced(proxy.client()?, &ns.name);
+    let direct: Api<ConfigMap> = Api::namespaced(ns.client.clone(), &ns.name);
+
+    let created = through
+        .create(&PostParams::default(), &configmap("first"))
+        .await?;
+    assert_eq!(
+        through.get("first").await?.metadata.uid,
+        created.metadata.uid
+    );
+    through
+        .patch(
+            "first",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"data": {"k": "w"}})),
+        )
+        .await?;
+    let version = through
+        .list(&ListParams::default())
+        .await?
+        .metadata
+        .resource_version;
+
+    // A watch opened through the proxy sees a write made afterwards, directly:
+    // the chunked body streams through as it comes.
+    let mut events = through
+        .watch(
+            &WatchParams::default().timeout(30),
+            &version.unwrap_or_default(),
+        )
+        .await?
+        .boxed();
+    direct
+        .create(&PostParams::default(), &configmap("second"))
+        .await?;
+    let seen = tokio::time::timeout(Duration::from_secs(30), async {
+        while let Some(event) = events.try_next().await? {
+            if let WatchEvent::Added(cm) = event
+                && cm.metadata.name.as_deref() == Some("second")
+            {
+                return anyhow::Ok(true);
+            }
+        }
+        Ok(false)
+    })
+    .await??;
+    assert!(seen, "the watch ended without the write");
+
+    through.delete("first", &Default::default()).await?;
+    assert!(direct.get_opt("first").await?.is_none());
+    let report = proxy.report();
+    for verb in [
+        Verb::Create,
+        Verb::Get,
+        Verb::Patch,
+        Verb::List,
+        Verb::Watch,
+        Verb::Delete,
+    ] {
+        assert_eq!(report.requests.get(&verb), Some(&1), "{verb:?} in {report}");
+    }
+    assert_eq!(report.total_faults(), 0);
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_kubeconfig_for_a_process_goes_through_the_proxy() -> Result<()> {
+    let ns = namespace("proxy-kubeconfig").await?;
+    let proxy = FaultProxy::in_front_of_control_plane(FaultPlan::none(2)).await?;
+    let kubeconfig = kube::config::Kubeconfig::from_yaml(&proxy.kubeconfig_yaml(&ns.name))?;
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await?;
+    assert_eq!(config.default_namespace, ns.name);
+    let client = kube::Client::try_from(config)?;
+
+    Api::<ConfigMap>::default_namespaced(client)
+        .create(&PostParams::default(), &configmap("via-kubeconfig"))
+        .await?;
+
+    assert!(
+        ns_configmaps(&ns)
+            .get_opt("via-kubeconfig")
+            .await?
+            .is_some()
+    );
+    assert_eq!(proxy.report().requests.get(&Verb::Create), Some(&1));
+    Ok(())
+}
+
+#[tokio::test]
+async fn an_injected_conflict_on_a_write_means_nothing_was_written() -> Result<()> {
+    let ns = namespace("proxy-409").await?;
+    let proxy = proxy(
+        &[Verb::Create],
+        Rates {
+            conflict: 1.0,
+            ..Rates::default()
+        },
+    )
+    .await?;
+    let through: Api<ConfigMap> = Api::namespaced(proxy.client()?, &ns.name);
+
+    let err = through
+        .create(&PostParams::default(), &configmap("never"))
+        .await
+        .unwrap_err();
+
+    assert!(
+        matches!(&err, kube::Error::Api(s) if s.code == 409),
+        "{err:?}"
+    );
+    assert!(ns_configmaps(&ns).get_opt("never").await?.is_none());
+    assert_eq!(proxy.report().count(Fault::Conflict), 1);
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_reset_before_forwarding_fails_the_request_and_writes_nothing() -> Result<()> {
+    let ns = namespace("proxy-reset-before").await?;
+    let proxy = proxy(
+        &[Verb::Create],
+        Rates {
+            reset_before: 1.0,
+            ..Rates::default()
+        },
+    )
+    .await?;
+    let through: Api<ConfigMap> = Api::namespaced(proxy.client()?, &ns.name);
+
+    let err = through
+        .create(&PostParams::default(), &configmap("never"))
+        .await
+        .unwrap_err();
+
+    assert!(was_reset(&err), "a connection reset: {err:?}");
+    assert!(ns_configmaps(&ns).get_opt("never").await?.is_none());
+    assert_eq!(proxy.report().count(Fault::ResetBeforeForward), 1);
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_reset_after_forwarding_loses_the_answer_but_not_the_write() -> Result<()> {
+    let ns = namespace("proxy-reset-after").await?;
+    let proxy = proxy(
+        &[Verb::Create],
+        Rates {
+            reset_after: 1.0,
+            ..Rates::default()
+        },
+    )
+    .await?;
+    let through: Api<ConfigMap> = Api::namespaced(proxy.client()?, &ns.name);
+
+    let err = through
+        .create(&PostParams::default(), &configmap("written"))
+        .await
+        .unwrap_err();
+
+    assert!(was_reset(&err), "a connection reset: {err:?}");
+    assert!(ns_configmaps(&ns).get_opt("written").await?.is_some());
+    // The connection is gone, not the proxy: the next request goes through.
+    assert!(through.get_opt("written").await?.is_some());
+    assert_eq!(proxy.report().count(Fault::ResetAfterForward), 1);
+    Ok(())
+}
+
+#[tokio::test]
+async fn injected_5xx_and_429_answer_as_the_apiserver_would() -> Result<()> {
+    let ns = namespace("proxy-status").await?;
+    for (rates, code) in [
+        (
+            Rates {
+                internal_error: 1.0,
+                ..Rates::default()
+            },
+            500,
+        ),
+        (
+            Rates {
+                unavailable: 1.0,
+                ..Rates::default()
+            },
+            503,
+        ),
+        (
+            Rates {
+                too_many_requests: 1.0,
+                ..Rates::default()
+            },
+            429,
+        ),
+    ] {
+        let proxy = proxy(&[Verb::List], rates).await?;
+        let client = no_retry_client(&proxy)?;
+        let path = format!("/api/v1/namespaces/{}/configmaps", ns.name);
+        let response = client
+            .send(http::Request::get(&path).body(kube::client::Body::from(Vec::new()))?)
+            .await?;
+        assert_eq!(response.status().as_u16(), code);
+        if code == 429 {
+            assert_eq!(response.headers()[http::header::RETRY_AFTER], "1");
+        }
+        let err = Api::<ConfigMap>::namespaced(client, &ns.name)
+            .list(&ListParams::default())
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&err, kube::Error::Api(s) if s.code == code),
+            "{err:?}"
+        );
+        // Only lists were configured: a get goes through.
+        let through: Api<ConfigMap> = Api::namespaced(proxy.client()?, &ns.name);
+        assert!(through.get_opt("absent").await?.is_none());
+        assert_eq!(proxy.report().total_faults(), 2, "{}", proxy.report());
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn latency_delays_a_request_without_failing_it_and_is_counted() -> Result<()> {
+    let ns = namespace("proxy-latency").await?;
+    let proxy = proxy(
+        &Verb::ALL,
+        Rates {
+            latency: 1.0,
+            ..Rates::default()
+        },
+    )
+    .await?;
+    let through: Api<ConfigMap> = Api::namespaced(proxy.client()?, &ns.name);
+    through
+        .create(&PostParams::default(), &configmap("slow"))
+        .await?;
+    assert!(through.get_opt("slow").await?.is_some());
+    assert_eq!(proxy.report().count(Fault::Latency), 2);
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_disabled_proxy_injects_nothing_but_still_counts() -> Result<()> {
+    let ns = namespace("proxy-disabled").await?;
+    let proxy = proxy(&Verb::ALL, Rates::all(0.15)).await?;
+    proxy.set_enabled(false);
+    let through: Api<ConfigMap> = Api::namespaced(no_retry_client(&proxy)?, &ns.name);
+    for _ in 0..20 {
+        through.list(&ListParams::default()).await?;
+    }
+    let report = proxy.report();
+    assert_eq!(report.requests.get(&Verb::List), Some(&20));
+    assert_eq!(report.total_faults(), 0);
+    Ok(())
+}
+
+/// Whether the client saw its connection reset (an io error of that kind
+/// somewhere in the chain), not merely closed or answered.
+fn was_reset(err: &kube::Error) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(err);
+    while let Some(e) = source {
+        if e.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::ConnectionReset)
+        {
+            return true;
+        }
+        source = e.source();
+    }
+    false
+}
+
+fn ns_configmaps(ns: &TestNamespace) -> Api<ConfigMap> {
+    Api::namespaced(ns.client.clone(), &ns.name)
+}
