@@ -17,7 +17,7 @@ use plunger::names::{FENCE_FINALIZER, FIELD_MANAGER, HELMRELEASE_API_VERSION, HE
 use plunger::reconcile::Step;
 use plunger::release::ReleaseView;
 use serde_json::json;
-use testkit::crash::{PauseGate, Settled, admin_kubeconfig, free_ports, kill9};
+use testkit::crash::{PauseGate, Settled, admin_kubeconfig, free_ports, kill9, release_words};
 use testkit::process::LoggedProcess;
 use testkit::{SimulatedHelmController, TestNamespace, control_plane};
 use tokio::process::Command;
@@ -173,24 +173,12 @@ async fn crash_at(case: &Case) -> Result<()> {
 async fn observe(ns: &TestNamespace) -> Result<String> {
     let mut lines = Vec::new();
     for name in ["bare-fence", "deleted", "mid-recovery"] {
-        let mut words = vec![];
-        match ns.releases().get_opt(name).await? {
-            None => words.push("gone"),
-            Some(object) => {
-                let view = ReleaseView::from_object(&object);
-                words.push(if view.terminating {
-                    "terminating"
-                } else {
-                    "live"
-                });
-                if view.suspended_by_us() {
-                    words.push("suspended");
-                }
-                if view.has_fence() {
-                    words.push("fenced");
-                }
-            }
-        }
+        let view = ns
+            .releases()
+            .get_opt(name)
+            .await?
+            .map(|o| ReleaseView::from_object(&o));
+        let words = release_words(view.as_ref());
         lines.push(format!("{name}: {}", words.join(" ")));
     }
     Ok(lines.join("; "))

@@ -18,7 +18,7 @@ use plunger::names::{FENCE_FINALIZER, FIELD_MANAGER, HELMRELEASE_API_VERSION, HE
 use plunger::release::ReleaseView;
 use plunger::test_hooks::SweepStep;
 use serde_json::json;
-use testkit::crash::{PauseGate, Settled, admin_kubeconfig, kill9};
+use testkit::crash::{PauseGate, Settled, admin_kubeconfig, kill9, release_words};
 use testkit::process::LoggedProcess;
 use testkit::{SimulatedHelmController, TestNamespace, control_plane};
 use tokio::process::Command;
@@ -232,17 +232,7 @@ async fn observe(ns: &TestNamespace) -> Result<String> {
     )];
     for name in [SUSPENDED, PENDING] {
         let view = ReleaseView::from_object(&ns.releases().get(name).await?);
-        let mut words = vec![if view.terminating {
-            "terminating"
-        } else {
-            "live"
-        }];
-        if view.suspended_by_us() {
-            words.push("suspended");
-        }
-        if view.has_fence() {
-            words.push("fenced");
-        }
+        let words = release_words(Some(&view));
         parts.push(format!("{name}: {}", words.join(" ")));
     }
     Ok(parts.join("; "))

@@ -24,7 +24,7 @@ use plunger::names::{
 use plunger::reconcile::Step;
 use plunger::release::ReleaseView;
 use serde_json::json;
-use testkit::crash::{PauseGate, Settled, admin_kubeconfig, free_ports, kill9};
+use testkit::crash::{PauseGate, Settled, admin_kubeconfig, free_ports, kill9, release_words};
 use testkit::process::LoggedProcess;
 use testkit::{Handled, SimulatedHelmController, TestNamespace, control_plane};
 use tokio::process::Command;
@@ -261,26 +261,14 @@ async fn update_suspend_as(ns: &TestNamespace, manager: &str, value: bool) -> Re
 /// still stored). Whether helm-controller has uninstalled yet is left out: it
 /// answers on its own clock; the settled state checks the uninstall.
 async fn observe(ns: &TestNamespace) -> Result<String> {
-    let mut words = Vec::new();
-    match ns.releases().get_opt(RELEASE).await? {
-        None => words.push("gone"),
-        Some(object) => {
-            let view = ReleaseView::from_object(&object);
-            words.push(if view.terminating {
-                "terminating"
-            } else {
-                "live"
-            });
-            if view.suspended_by_us() {
-                words.push("suspended");
-            }
-            if view.has_fence() {
-                words.push("fenced");
-            }
-            if view.annotations.contains_key(PROCESSED_VERSION_ANNOTATION) {
-                words.push("annotated");
-            }
-        }
+    let view = ns
+        .releases()
+        .get_opt(RELEASE)
+        .await?
+        .map(|o| ReleaseView::from_object(&o));
+    let mut words = release_words(view.as_ref());
+    if view.is_some_and(|v| v.annotations.contains_key(PROCESSED_VERSION_ANNOTATION)) {
+        words.push("annotated");
     }
     if ns.secrets().get_opt(STUCK).await?.is_some() {
         words.push("stuck-secret");

@@ -67,6 +67,26 @@ impl PauseGate {
     }
 }
 
+/// A release as the crash suites describe it: `gone`, or `live`/`terminating`
+/// then `suspended` (by flux-plunger alone or with others) and `fenced`.
+pub fn release_words(release: Option<&ReleaseView>) -> Vec<&'static str> {
+    let Some(view) = release else {
+        return vec!["gone"];
+    };
+    let mut words = vec![if view.terminating {
+        "terminating"
+    } else {
+        "live"
+    }];
+    if view.suspended_by_us() {
+        words.push("suspended");
+    }
+    if view.has_fence() {
+        words.push("fenced");
+    }
+    words
+}
+
 /// SIGKILL, and waits until the process is gone: from here on it writes nothing.
 pub async fn kill9(child: &mut tokio::process::Child) -> Result<()> {
     // tokio's kill is SIGKILL on Unix.
