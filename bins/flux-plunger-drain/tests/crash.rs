@@ -11,9 +11,8 @@
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use kube::api::{DeleteParams, Patch, PatchParams};
+use kube::api::DeleteParams;
 use plunger::lease::{Attempt, LeaseLock};
-use plunger::names::{FENCE_FINALIZER, FIELD_MANAGER, HELMRELEASE_API_VERSION, HELMRELEASE_KIND};
 use plunger::reconcile::Step;
 use plunger::release::ReleaseView;
 use serde_json::json;
@@ -113,11 +112,11 @@ async fn crash_at(case: &Case) -> Result<()> {
     let ns = TestNamespace::create(&client, "drain-crash").await?;
     let hc = SimulatedHelmController::new(client.clone(), &ns.name);
     installed(&ns, &hc, "mid-recovery").await?;
-    apply_as_us(&ns, "mid-recovery", true).await?;
+    ns.apply_as_flux_plunger("mid-recovery", true).await?;
     installed(&ns, &hc, "bare-fence").await?;
-    apply_as_us(&ns, "bare-fence", false).await?;
+    ns.apply_as_flux_plunger("bare-fence", false).await?;
     installed(&ns, &hc, "deleted").await?;
-    apply_as_us(&ns, "deleted", true).await?;
+    ns.apply_as_flux_plunger("deleted", true).await?;
     ns.releases()
         .delete("deleted", &DeleteParams::default())
         .await?;
@@ -252,22 +251,5 @@ async fn installed(ns: &TestNamespace, hc: &SimulatedHelmController, name: &str)
     ns.create_release(name, json!({})).await?;
     hc.install(name).await?;
     hc.handle(name).await?;
-    Ok(())
-}
-
-/// The fence and, with `suspend`, the suspension, as a recovery takes them.
-async fn apply_as_us(ns: &TestNamespace, name: &str, suspend: bool) -> Result<()> {
-    let mut body = json!({"apiVersion": HELMRELEASE_API_VERSION, "kind": HELMRELEASE_KIND,
-        "metadata": {"name": name, "finalizers": [FENCE_FINALIZER]}});
-    if suspend {
-        body["spec"] = json!({"suspend": true});
-    }
-    ns.releases()
-        .patch(
-            name,
-            &PatchParams::apply(FIELD_MANAGER),
-            &Patch::Apply(body),
-        )
-        .await?;
     Ok(())
 }

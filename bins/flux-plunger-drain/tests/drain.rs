@@ -6,10 +6,7 @@ use anyhow::Result;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use plunger::lease::{Attempt, LeaseLock};
-use plunger::names::{
-    FENCE_FINALIZER, FIELD_MANAGER, HELM_CONTROLLER_FINALIZER, HELMRELEASE_API_VERSION,
-    HELMRELEASE_KIND,
-};
+use plunger::names::HELM_CONTROLLER_FINALIZER;
 use plunger::release::ReleaseView;
 use serde_json::json;
 use testkit::control_plane::AuthInfo;
@@ -92,22 +89,6 @@ async fn installed(ns: &TestNamespace, hc: &SimulatedHelmController, name: &str)
     Ok(())
 }
 
-async fn apply_as_us(ns: &TestNamespace, name: &str, suspend: bool) -> Result<()> {
-    let mut body = json!({"apiVersion": HELMRELEASE_API_VERSION, "kind": HELMRELEASE_KIND,
-        "metadata": {"name": name, "finalizers": [FENCE_FINALIZER]}});
-    if suspend {
-        body["spec"] = json!({"suspend": true});
-    }
-    ns.releases()
-        .patch(
-            name,
-            &PatchParams::apply(FIELD_MANAGER),
-            &Patch::Apply(body),
-        )
-        .await?;
-    Ok(())
-}
-
 async fn view(ns: &TestNamespace, name: &str) -> Result<Option<ReleaseView>> {
     Ok(ns
         .releases()
@@ -121,9 +102,9 @@ async fn a_drain_releases_live_fences_and_leaves_foreign_suspensions_alone() -> 
     let _turn = testkit::cluster_wide_turn().await;
     let (ns, hc) = setup("drain-live").await?;
     installed(&ns, &hc, "mid-recovery").await?;
-    apply_as_us(&ns, "mid-recovery", true).await?;
+    ns.apply_as_flux_plunger("mid-recovery", true).await?;
     installed(&ns, &hc, "bare-fence").await?;
-    apply_as_us(&ns, "bare-fence", false).await?;
+    ns.apply_as_flux_plunger("bare-fence", false).await?;
     installed(&ns, &hc, "foreign").await?;
     let params = PatchParams {
         field_manager: Some("kubectl-patch".into()),
@@ -136,7 +117,7 @@ async fn a_drain_releases_live_fences_and_leaves_foreign_suspensions_alone() -> 
             &Patch::Merge(json!({"spec": {"suspend": true}})),
         )
         .await?;
-    apply_as_us(&ns, "foreign", false).await?;
+    ns.apply_as_flux_plunger("foreign", false).await?;
     lead(&ns, POD).await?;
 
     let sidecar = start(&ns.name, "90").await?;
@@ -170,7 +151,7 @@ async fn a_drain_carries_a_deleted_release_through_the_uninstall() -> Result<()>
     let _turn = testkit::cluster_wide_turn().await;
     let (ns, hc) = setup("drain-delete").await?;
     installed(&ns, &hc, "web").await?;
-    apply_as_us(&ns, "web", true).await?;
+    ns.apply_as_flux_plunger("web", true).await?;
     ns.releases()
         .delete("web", &DeleteParams::default())
         .await?;
@@ -198,7 +179,7 @@ async fn when_helm_controller_never_answers_the_fence_outlives_the_deadline() ->
     let _turn = testkit::cluster_wide_turn().await;
     let (ns, hc) = setup("drain-deadline").await?;
     installed(&ns, &hc, "web").await?;
-    apply_as_us(&ns, "web", true).await?;
+    ns.apply_as_flux_plunger("web", true).await?;
     ns.releases()
         .delete("web", &DeleteParams::default())
         .await?;
@@ -244,7 +225,7 @@ async fn a_pod_that_never_led_does_not_drain() -> Result<()> {
     let _turn = testkit::cluster_wide_turn().await;
     let (ns, hc) = setup("drain-follower").await?;
     installed(&ns, &hc, "web").await?;
-    apply_as_us(&ns, "web", true).await?;
+    ns.apply_as_flux_plunger("web", true).await?;
     lead(&ns, "another-pod").await?;
     let before = ns.releases().get("web").await?;
 
@@ -267,7 +248,7 @@ async fn a_lease_that_ran_out_while_nobody_took_it_is_still_drained() -> Result<
     let _turn = testkit::cluster_wide_turn().await;
     let (ns, hc) = setup("drain-overrun").await?;
     installed(&ns, &hc, "web").await?;
-    apply_as_us(&ns, "web", true).await?;
+    ns.apply_as_flux_plunger("web", true).await?;
     lead(&ns, POD).await?;
     // The controller overran its stop: its last renewal is long past.
     let leases: Api<Lease> = Api::namespaced(ns.client.clone(), &ns.name);

@@ -12,9 +12,8 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, PostParams};
 use plunger::lease::{Attempt, LeaseLock};
-use plunger::names::{FENCE_FINALIZER, FIELD_MANAGER, HELMRELEASE_API_VERSION, HELMRELEASE_KIND};
 use plunger::release::ReleaseView;
 use plunger::test_hooks::SweepStep;
 use serde_json::json;
@@ -209,7 +208,7 @@ async fn arrange(ns: &TestNamespace, hc: &SimulatedHelmController) -> Result<()>
         ns.create_release(name, json!({})).await?;
         hc.install(name).await?;
         hc.handle(name).await?;
-        apply_as_us(ns, name, name == SUSPENDED).await?;
+        ns.apply_as_flux_plunger(name, name == SUSPENDED).await?;
     }
     for name in [UNINSTALLED, PENDING] {
         ns.releases().delete(name, &DeleteParams::default()).await?;
@@ -285,21 +284,4 @@ async fn rerun_hook(ns: &TestNamespace) -> Result<(std::process::ExitStatus, Str
         String::from_utf8_lossy(&output.stdout).into_owned(),
         String::from_utf8_lossy(&output.stderr).into_owned(),
     ))
-}
-
-/// The fence and, with `suspend`, the suspension, as a recovery takes them.
-async fn apply_as_us(ns: &TestNamespace, name: &str, suspend: bool) -> Result<()> {
-    let mut body = json!({"apiVersion": HELMRELEASE_API_VERSION, "kind": HELMRELEASE_KIND,
-        "metadata": {"name": name, "finalizers": [FENCE_FINALIZER]}});
-    if suspend {
-        body["spec"] = json!({"suspend": true});
-    }
-    ns.releases()
-        .patch(
-            name,
-            &PatchParams::apply(FIELD_MANAGER),
-            &Patch::Apply(body),
-        )
-        .await?;
-    Ok(())
 }

@@ -88,6 +88,25 @@ impl TestNamespace {
             .await?)
     }
 
+    /// flux-plunger's own write as a recovery takes it: the fence and, with
+    /// `suspend`, the suspension (a server-side apply by manager
+    /// `flux-plunger`), as a process stopped mid-recovery leaves them.
+    pub async fn apply_as_flux_plunger(&self, name: &str, suspend: bool) -> Result<DynamicObject> {
+        let mut body = json!({"apiVersion": names::HELMRELEASE_API_VERSION, "kind": names::HELMRELEASE_KIND,
+            "metadata": {"name": name, "finalizers": [names::FENCE_FINALIZER]}});
+        if suspend {
+            body["spec"] = json!({"suspend": true});
+        }
+        Ok(self
+            .releases()
+            .patch(
+                name,
+                &PatchParams::apply(names::FIELD_MANAGER),
+                &Patch::Apply(body),
+            )
+            .await?)
+    }
+
     /// Writes the status helm-controller leaves on a release whose upgrade
     /// Helm refused: `Ready=False`, "... has no deployed releases".
     pub async fn mark_stuck(&self, name: &str) -> Result<DynamicObject> {
