@@ -256,10 +256,11 @@ test-bats: tools build $(BATS_STAMP) ## bats suites (bats/): flux-plunger-sweep 
 	@hack/check-no-leftovers.sh
 
 .PHONY: lint
-lint: ## cargo fmt --check and clippy with warnings denied.
+lint: ## cargo fmt --check, clippy with warnings denied, and no test hooks in release builds.
 	$(call step,lint)
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets --locked -- -D warnings
+	@hack/check-release-features.sh
 
 ##@ Run
 
