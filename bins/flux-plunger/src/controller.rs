@@ -32,10 +32,20 @@ pub struct Context {
     pub metrics: Arc<Metrics>,
     /// Consecutive failures per release, for the retry backoff.
     failures: Mutex<HashMap<ObjectRef<DynamicObject>, u32>>,
-    /// Releases a pass recovered, with the resourceVersions its writes left
-    /// them at: see [`reconcile`].
-    recovered: Mutex<HashMap<ObjectRef<DynamicObject>, Vec<String>>>,
+    /// Releases a pass recovered, with when and the resourceVersions its
+    /// writes left them at: see [`reconcile`]. Kept for
+    /// [`RECOVERED_MEMORY`] only, so that releases deleted without another
+    /// event (no finalizer) do not stay here for the life of the process.
+    recovered: Mutex<HashMap<ObjectRef<DynamicObject>, OwnWrites>>,
 }
+
+/// When a recovery ended, and the resourceVersions its writes left.
+type OwnWrites = (Instant, Vec<String>);
+
+/// How long the resourceVersions of a recovery's own writes are remembered:
+/// their watch events arrive within seconds; after this a pass runs anyway
+/// (and finds nothing to do, at the cost of a read and a listing).
+const RECOVERED_MEMORY: Duration = Duration::from_secs(300);
 
 impl Context {
     pub fn new(reconciler: Reconciler, metrics: Arc<Metrics>) -> Self {
@@ -120,10 +130,11 @@ async fn reconcile(object: Arc<DynamicObject>, ctx: Arc<Context>) -> Result<Acti
     // writer's change has a new resourceVersion and is reconciled as ever.
     {
         let mut recovered = ctx.recovered.lock().expect("recovered map poisoned");
-        if let Some(written) = recovered.get(&key) {
-            if object
-                .resource_version()
-                .is_some_and(|rv| written.contains(&rv))
+        if let Some((at, written)) = recovered.get(&key) {
+            if at.elapsed() < RECOVERED_MEMORY
+                && object
+                    .resource_version()
+                    .is_some_and(|rv| written.contains(&rv))
             {
                 tracing::debug!(release = %format!("{namespace}/{name}"), "unchanged since its recovery");
                 return Ok(Action::await_change());
@@ -142,10 +153,9 @@ async fn reconcile(object: Arc<DynamicObject>, ctx: Arc<Context>) -> Result<Acti
     let outcome = result?;
     let written = ctx.reconciler.take_writes(&uid);
     if matches!(outcome, Outcome::Recovered { .. }) && !written.is_empty() {
-        ctx.recovered
-            .lock()
-            .expect("recovered map poisoned")
-            .insert(key.clone(), written);
+        let mut recovered = ctx.recovered.lock().expect("recovered map poisoned");
+        recovered.retain(|_, (at, _)| at.elapsed() < RECOVERED_MEMORY);
+        recovered.insert(key.clone(), (Instant::now(), written));
     }
     ctx.failures
         .lock()
