@@ -56,10 +56,7 @@ impl Identity {
 
     /// The username the apiserver logs for it.
     pub fn username(&self) -> String {
-        format!(
-            "system:serviceaccount:{}:{}",
-            self.namespace, self.service_account
-        )
+        testkit::audit::service_account_user(&self.namespace, &self.service_account)
     }
 
     async fn kubeconfig(&self, admin: &Client, dir: &Path) -> Result<PathBuf> {

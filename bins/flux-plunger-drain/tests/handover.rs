@@ -81,7 +81,7 @@ async fn start_pod(ns: &TestNamespace, pod: &str, dir: &std::path::Path) -> Resu
 /// HelmRelease and Secret writes, and Lease updates, by `pod`'s
 /// ServiceAccount in `ns`, as (time, verb, resource, name).
 fn writes_by(ns: &str, pod: &str) -> Vec<(String, String, String, String)> {
-    let user = format!("system:serviceaccount:{ns}:{pod}");
+    let user = testkit::audit::service_account_user(ns, pod);
     std::fs::read_to_string(control_plane().audit_log())
         .unwrap_or_default()
         .lines()

@@ -77,7 +77,7 @@ async fn a_recovery_sends_the_requests_of_its_steps_and_its_event_and_nothing_mo
     let dir = tempfile::tempdir()?;
     let kubeconfig = dir.path().join("kubeconfig");
     plane.write_kubeconfig(&kubeconfig, &AuthInfo::Token(token))?;
-    let username = format!("system:serviceaccount:{}:{ACCOUNT}", ns.name);
+    let username = testkit::audit::service_account_user(&ns.name, ACCOUNT);
 
     ns.create_release("web", json!({})).await?;
     ns.create_storage_secret("web", 1, "superseded").await?;
