@@ -61,6 +61,19 @@ fn revisions(pairs: &[(u64, &str)]) -> Vec<(u64, String)> {
     pairs.iter().map(|(r, s)| (*r, (*s).to_owned())).collect()
 }
 
+/// Revisions 1..=n, every one `superseded` but the newest, which is
+/// `deployed`: the history of a release upgraded in place, however often.
+fn is_upgraded_history(stored: &[(u64, String)]) -> bool {
+    let numbered_from_one = stored.iter().zip(1..).all(|((n, _), i)| *n == i);
+    let (newest, older) = match stored.split_last() {
+        Some(split) => split,
+        None => return false,
+    };
+    numbered_from_one
+        && newest.1 == "deployed"
+        && older.iter().all(|(_, status)| status == "superseded")
+}
+
 fn finalizers(names: &[&str]) -> Vec<String> {
     names.iter().map(|f| (*f).to_owned()).collect()
 }
@@ -251,26 +264,42 @@ async fn the_newest_revision_statuses_that_leave_an_upgrade_stuck_are_uninstalli
         } else {
             Outcome::Upgraded
         };
-        anyhow::Ok((outcome, storage(&ns).await?, configmap_data(&ns).await?))
+        let log = helm_controller()
+            .log_lines_with(&format!("\"namespace\": \"{}\"", ns.name))
+            .join("\n");
+        anyhow::Ok((
+            outcome,
+            storage(&ns).await?,
+            configmap_data(&ns).await?,
+            log,
+        ))
     });
     let results = futures::future::try_join_all(runs).await?;
-    for ((status, expected), (outcome, stored, data)) in cases.iter().zip(results) {
-        assert_eq!(&outcome, expected, "newest revision {status}");
+    for ((status, expected), (outcome, stored, data, log)) in cases.iter().zip(results) {
+        let context = format!("newest revision {status}; helm-controller's log of it:\n{log}");
+        assert_eq!(&outcome, expected, "{context}");
         match outcome {
             Outcome::Stuck => {
-                assert_eq!(stored, revisions(&[(1, "superseded"), (2, status)]));
-                assert_eq!(data, greeting("v2"), "newest revision {status}");
+                assert_eq!(
+                    stored,
+                    revisions(&[(1, "superseded"), (2, status)]),
+                    "{context}"
+                );
+                assert_eq!(data, greeting("v2"), "{context}");
             }
             // A `pending-*` revision is first marked `failed` (helm-controller's
             // unlock); then Helm upgrades from the `failed` or `superseded`
-            // newest revision, which ends `superseded`.
+            // newest revision, which ends `superseded`. helm-controller may
+            // upgrade twice: a reconcile of its own (a requeue left over from
+            // waiting for the chart at install) can land between the status
+            // change and the new values, and upgrades the release with the
+            // old values first — CI saw revisions 1–4 once.
             Outcome::Upgraded => {
-                assert_eq!(
-                    stored,
-                    revisions(&[(1, "superseded"), (2, "superseded"), (3, "deployed")]),
-                    "newest revision {status}"
+                assert!(
+                    stored.len() >= 3 && is_upgraded_history(&stored),
+                    "{stored:?}: {context}"
                 );
-                assert_eq!(data, greeting("v3"), "newest revision {status}");
+                assert_eq!(data, greeting("v3"), "{context}");
             }
         }
     }
