@@ -11,9 +11,9 @@ use kube::Client;
 use kube::runtime::watcher;
 use plunger::names::PROCESSED_VERSION_ANNOTATION;
 use plunger::release::ReleaseView;
-use testkit::{TestNamespace, control_plane};
+use testkit::TestNamespace;
+use testkit::audit::{self, AuditedRequest};
 
-use crate::audit::{self, Request};
 use crate::controller::{Controller, Identity};
 use crate::objects::{SETUP_CONCURRENCY, create_releases, mark_stuck, release_name};
 
@@ -54,7 +54,7 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
 
 /// Whether `request` concerns release `name` (the release itself, its
 /// storage Secrets, their listing, or an event about it).
-fn concerns(request: &Request, name: &str) -> bool {
+fn concerns(request: &AuditedRequest, name: &str) -> bool {
     request.name == name
         || request.name.starts_with(&format!("{name}."))
         || request.name.contains(&format!(".{name}."))
@@ -112,8 +112,7 @@ pub async fn bench_burst(
     });
     synced_rx.await.context("the bench's watch ended")?;
 
-    let log = control_plane().audit_log();
-    let offset = audit::mark(&log);
+    let offset = audit::mark();
     stream::iter(0..count)
         .map(|i| async move { mark_stuck(ns, &release_name(i)).await })
         .buffer_unordered(SETUP_CONCURRENCY)
@@ -139,19 +138,19 @@ pub async fn bench_burst(
     controller.stop().await?;
 
     let username = identity.username();
-    let requests = audit::read_since(&log, offset)?;
-    let in_ns = |r: &&Request| r.namespace == ns.name;
+    let requests = audit::read_since(offset)?;
+    let in_ns = |r: &&AuditedRequest| r.namespace.as_deref() == Some(ns.name.as_str());
     let stuck_writes: HashMap<&str, Timestamp> = requests
         .iter()
         .filter(in_ns)
-        .filter(|r| r.username != username && r.resource == "helmreleases/status")
+        .filter(|r| r.user != username && r.resource() == "helmreleases/status")
         .map(|r| (r.name.as_str(), r.at))
         .collect();
-    let ours: Vec<&Request> = requests.iter().filter(|r| r.username == username).collect();
+    let ours: Vec<&AuditedRequest> = requests.iter().filter(|r| r.user == username).collect();
     let mut lifts: HashMap<&str, Timestamp> = HashMap::new();
     for r in ours
         .iter()
-        .filter(|r| r.verb == "patch" && r.resource == "helmreleases")
+        .filter(|r| r.verb == "patch" && r.resource() == "helmreleases")
     {
         lifts.insert(r.name.as_str(), r.at); // the last write is the lift
     }
@@ -173,9 +172,9 @@ pub async fn bench_burst(
         .copied()
         .context("no stuck write")?;
     let last = lifts.values().max().copied().context("no lift")?;
-    let (background, per_release): (Vec<&Request>, Vec<&Request>) = ours
+    let (background, per_release): (Vec<&AuditedRequest>, Vec<&AuditedRequest>) = ours
         .iter()
-        .partition(|r| r.resource == "leases" || r.verb == "watch");
+        .partition(|r| r.resource() == "leases" || r.verb == "watch");
     let example = release_name(0);
     Ok(BurstRun {
         all_recovered: since(last, first),
@@ -186,10 +185,7 @@ pub async fn bench_burst(
         sequence: per_release
             .iter()
             .filter(|r| concerns(r, &example))
-            .map(|r| {
-                let code = r.code.map(|c| format!(" → {c}")).unwrap_or_default();
-                format!("{}{code}", r.label())
-            })
+            .map(|r| format!("{} → {}", r.label(), r.code))
             .collect(),
     })
 }

@@ -15,7 +15,6 @@
 //! - the sweep (pre-delete hook): time for 500 fenced releases.
 #![forbid(unsafe_code)]
 
-mod audit;
 mod burst;
 mod controller;
 mod memory;

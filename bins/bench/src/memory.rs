@@ -6,11 +6,11 @@ use std::time::Duration;
 
 use anyhow::Result;
 use kube::Client;
-use testkit::{TestNamespace, control_plane};
+use testkit::TestNamespace;
 
-use crate::audit;
 use crate::controller::{Controller, Identity};
 use crate::{RUNS, median};
+use testkit::audit;
 
 /// How long after the sync the memory is read: long enough for the
 /// allocator to have settled after the initial listing.
@@ -67,13 +67,12 @@ pub async fn bench_memory(
         if let Some(window) = idle
             && run + 1 == RUNS
         {
-            let log = control_plane().audit_log();
-            let offset = audit::mark(&log);
+            let offset = audit::mark();
             tokio::time::sleep(window).await;
             let username = identity.username();
-            let requests: Vec<_> = audit::read_since(&log, offset)?
+            let requests: Vec<_> = audit::read_since(offset)?
                 .into_iter()
-                .filter(|r| r.username == username)
+                .filter(|r| r.user == username)
                 .collect();
             idle_figures = Some(IdleFigures {
                 releases: count,

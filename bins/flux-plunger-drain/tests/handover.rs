@@ -14,7 +14,8 @@ use plunger::names::{
     PROCESSED_VERSION_ANNOTATION,
 };
 use plunger::release::ReleaseView;
-use serde_json::{Value, json};
+use serde_json::json;
+use testkit::audit::{self, AuditedRequest};
 use testkit::control_plane::{AuthInfo, workspace_binary};
 use testkit::process::LoggedProcess;
 use testkit::{Handled, SimulatedHelmController, TestNamespace, control_plane, eventually};
@@ -78,38 +79,14 @@ async fn start_pod(ns: &TestNamespace, pod: &str, dir: &std::path::Path) -> Resu
     Ok(Pod { controller, drain })
 }
 
-/// HelmRelease and Secret writes, and Lease updates, by `pod`'s
-/// ServiceAccount in `ns`, as (time, verb, resource, name).
-fn writes_by(ns: &str, pod: &str) -> Vec<(String, String, String, String)> {
-    let user = testkit::audit::service_account_user(ns, pod);
-    std::fs::read_to_string(control_plane().audit_log())
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .filter(|e| e["user"]["username"] == user.as_str() && e["stage"] == "ResponseComplete")
-        .filter(|e| {
-            ["create", "update", "patch", "delete"]
-                .contains(&e["verb"].as_str().unwrap_or_default())
-        })
-        .filter(|e| (200..300).contains(&e["responseStatus"]["code"].as_i64().unwrap_or(0)))
-        .map(|e| {
-            (
-                e["requestReceivedTimestamp"]
-                    .as_str()
-                    .unwrap_or_default()
-                    .to_owned(),
-                e["verb"].as_str().unwrap_or_default().to_owned(),
-                e["objectRef"]["resource"]
-                    .as_str()
-                    .unwrap_or_default()
-                    .to_owned(),
-                e["objectRef"]["name"]
-                    .as_str()
-                    .unwrap_or_default()
-                    .to_owned(),
-            )
-        })
-        .collect()
+/// The successful writes of `pod`'s ServiceAccount in `ns` (HelmReleases,
+/// Secrets, its Lease, events), in the order the apiserver logged them.
+fn writes_by(ns: &str, pod: &str) -> Result<Vec<AuditedRequest>> {
+    let user = audit::service_account_user(ns, pod);
+    Ok(audit::requests_by(&user)?
+        .into_iter()
+        .filter(|r| r.is_write() && r.succeeded())
+        .collect())
 }
 
 async fn stuck(ns: &TestNamespace, hc: &SimulatedHelmController, name: &str) -> Result<()> {
@@ -226,24 +203,24 @@ async fn the_next_pod_writes_only_after_the_first_pods_drain_and_leads_seconds_l
     stop.store(true, std::sync::atomic::Ordering::SeqCst);
     helm_controller.await?;
 
-    let a_writes = writes_by(&ns.name, "pod-a");
-    let b_writes = writes_by(&ns.name, "pod-b");
+    let a_writes = writes_by(&ns.name, "pod-a")?;
+    let b_writes = writes_by(&ns.name, "pod-b")?;
     let handover = a_writes
         .iter()
-        .filter(|(_, verb, resource, _)| verb == "update" && resource == "leases")
-        .map(|(t, ..)| t.clone())
+        .filter(|r| r.verb == "update" && r.resource() == "leases")
+        .map(|r| r.received_at)
         .max()
         .context("pod-a never updated the Lease")?;
     let first_b_write = b_writes
         .iter()
-        .filter(|(_, _, resource, _)| resource == "helmreleases" || resource == "secrets")
-        .map(|(t, ..)| t.clone())
+        .filter(|r| ["helmreleases", "secrets"].contains(&r.resource()))
+        .map(|r| r.received_at)
         .min()
         .context("pod-b never wrote")?;
     let last_a_write = a_writes
         .iter()
-        .filter(|(_, _, resource, _)| resource == "helmreleases" || resource == "secrets")
-        .map(|(t, ..)| t.clone())
+        .filter(|r| ["helmreleases", "secrets"].contains(&r.resource()))
+        .map(|r| r.received_at)
         .max()
         .context("pod-a never wrote")?;
     assert!(

@@ -3,8 +3,6 @@
 //! more (in particular no second pass woken by the recovery's own writes).
 //! A count, never a timing.
 
-use std::collections::HashSet;
-use std::io::{Read, Seek, SeekFrom};
 use std::time::Duration;
 
 use anyhow::Result;
@@ -12,7 +10,8 @@ use k8s_openapi::api::rbac::v1::{RoleBinding, RoleRef, Subject};
 use kube::api::{Api, ObjectMeta, PostParams};
 use plunger::names::PROCESSED_VERSION_ANNOTATION;
 use plunger::release::ReleaseView;
-use serde_json::{Value, json};
+use serde_json::json;
+use testkit::audit;
 use testkit::control_plane::AuthInfo;
 use testkit::process::LoggedProcess;
 use testkit::{TestNamespace, control_plane, eventually};
@@ -20,29 +19,14 @@ use tokio::process::Command;
 
 const ACCOUNT: &str = "flux-plunger";
 
-/// `(verb, resource)` of every request `username` sent since `offset`,
-/// in the order the apiserver answered them.
-fn requests_since(offset: u64, username: &str) -> Result<Vec<(String, String)>> {
-    let mut file = std::fs::File::open(control_plane().audit_log())?;
-    file.seek(SeekFrom::Start(offset))?;
-    let mut text = String::new();
-    file.read_to_string(&mut text)?;
-    let mut seen = HashSet::new();
-    let mut requests = Vec::new();
-    for line in text.lines() {
-        let Ok(event) = serde_json::from_str::<Value>(line) else {
-            continue;
-        };
-        let field = |p: &str| event.pointer(p).and_then(Value::as_str).unwrap_or_default();
-        if field("/user/username") != username || !seen.insert(field("/auditID").to_owned()) {
-            continue;
-        }
-        requests.push((
-            field("/verb").to_owned(),
-            field("/objectRef/resource").to_owned(),
-        ));
-    }
-    Ok(requests)
+/// `(verb, resource)` of every request `user` sent since `offset` of the
+/// audit log, in the order the apiserver logged them.
+fn requests_since(offset: u64, user: &str) -> Result<Vec<(String, String)>> {
+    Ok(audit::read_since(offset)?
+        .into_iter()
+        .filter(|r| r.user == user)
+        .map(|r| (r.verb, r.permission.resource))
+        .collect())
 }
 
 #[tokio::test]
@@ -77,7 +61,7 @@ async fn a_recovery_sends_the_requests_of_its_steps_and_its_event_and_nothing_mo
     let dir = tempfile::tempdir()?;
     let kubeconfig = dir.path().join("kubeconfig");
     plane.write_kubeconfig(&kubeconfig, &AuthInfo::Token(token))?;
-    let username = testkit::audit::service_account_user(&ns.name, ACCOUNT);
+    let username = audit::service_account_user(&ns.name, ACCOUNT);
 
     ns.create_release("web", json!({})).await?;
     ns.create_storage_secret("web", 1, "superseded").await?;
@@ -99,7 +83,7 @@ async fn a_recovery_sends_the_requests_of_its_steps_and_its_event_and_nothing_mo
         .wait_logged("the HelmRelease watch has synced", Duration::from_secs(60))
         .await?;
 
-    let offset = std::fs::metadata(plane.audit_log())?.len();
+    let offset = audit::mark();
     ns.mark_stuck("web").await?;
     eventually(
         Duration::from_secs(60),
