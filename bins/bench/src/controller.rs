@@ -6,10 +6,8 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, RoleRef, Subject};
 use kube::Client;
-use kube::api::{Api, ObjectMeta, PostParams};
-use testkit::control_plane::{AuthInfo, free_ports};
+use testkit::control_plane::free_ports;
 use testkit::{TestNamespace, control_plane};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::{Child, Command};
@@ -28,25 +26,8 @@ impl Identity {
     pub async fn create(admin: &Client) -> Result<Self> {
         let ns = TestNamespace::create(admin, "bench-identity").await?;
         let service_account = "flux-plunger".to_owned();
-        let binding = ClusterRoleBinding {
-            metadata: ObjectMeta {
-                name: Some(format!("{}-flux-plunger", ns.name)),
-                ..Default::default()
-            },
-            role_ref: RoleRef {
-                api_group: "rbac.authorization.k8s.io".to_owned(),
-                kind: "ClusterRole".to_owned(),
-                name: "cluster-admin".to_owned(),
-            },
-            subjects: Some(vec![Subject {
-                kind: "ServiceAccount".to_owned(),
-                name: service_account.clone(),
-                namespace: Some(ns.name.clone()),
-                ..Default::default()
-            }]),
-        };
-        Api::<ClusterRoleBinding>::all(admin.clone())
-            .create(&PostParams::default(), &binding)
+        control_plane()
+            .grant_cluster_admin(admin, &ns.name, &[&service_account])
             .await?;
         Ok(Self {
             namespace: ns.name,
@@ -60,12 +41,10 @@ impl Identity {
     }
 
     async fn kubeconfig(&self, admin: &Client, dir: &Path) -> Result<PathBuf> {
-        let plane = control_plane();
-        let token = plane
-            .service_account_token(admin, &self.namespace, &self.service_account)
-            .await?;
         let path = dir.join("flux-plunger.kubeconfig");
-        plane.write_kubeconfig(&path, &AuthInfo::Token(token))?;
+        control_plane()
+            .write_service_account_kubeconfig(admin, &self.namespace, &self.service_account, &path)
+            .await?;
         Ok(path)
     }
 }

@@ -19,7 +19,7 @@ use plunger::names::{
 use plunger::release::ReleaseView;
 use serde_json::json;
 use testkit::audit;
-use testkit::control_plane::{AuthInfo, workspace_binary};
+use testkit::control_plane::workspace_binary;
 use testkit::process::LoggedProcess;
 use testkit::{Handled, SimulatedHelmController, TestNamespace, control_plane, eventually};
 use tokio::process::Command;
@@ -34,12 +34,11 @@ async fn the_controller_and_the_drain_need_nothing_beyond_the_charts_rbac() -> R
     let plane = control_plane();
     let admin = plane.client().await?;
     // The ServiceAccount the chart created, and only what the chart grants it.
-    let token = plane
-        .service_account_token(&admin, &setup.ns.name, &setup.fullname())
-        .await?;
     let dir = tempfile::tempdir()?;
     let kubeconfig = dir.path().join("chart-sa.kubeconfig");
-    plane.write_kubeconfig(&kubeconfig, &AuthInfo::Token(token))?;
+    plane
+        .write_service_account_kubeconfig(&admin, &setup.ns.name, &setup.fullname(), &kubeconfig)
+        .await?;
 
     let apps = TestNamespace::create(&admin, "least-privilege-apps").await?;
     let hc = SimulatedHelmController::new(admin.clone(), &apps.name);

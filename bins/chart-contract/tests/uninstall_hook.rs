@@ -27,7 +27,7 @@ use plunger::names::{
 use plunger::release::ReleaseView;
 use serde_json::{Value, json};
 use testkit::audit;
-use testkit::control_plane::{AuthInfo, workspace_binary};
+use testkit::control_plane::workspace_binary;
 use testkit::{TestNamespace, control_plane};
 
 /// What the harness saw of the hook's one run.
@@ -73,12 +73,11 @@ async fn run_hook_job(setup: &Setup, test_env: &[(&str, &str)]) -> Result<HookRu
     let account = pod
         .service_account_name
         .context("the hook names no ServiceAccount")?;
-    let token = control_plane()
-        .service_account_token(&admin, ns, &account)
-        .await?;
     let dir = tempfile::tempdir()?;
     let kubeconfig = dir.path().join("kubeconfig");
-    control_plane().write_kubeconfig(&kubeconfig, &AuthInfo::Token(token))?;
+    control_plane()
+        .write_service_account_kubeconfig(&admin, ns, &account, &kubeconfig)
+        .await?;
 
     let mut command = tokio::process::Command::new(workspace_binary("flux-plunger-sweep")?);
     command

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use plunger::names::{
     FENCE_FINALIZER, FIELD_MANAGER, HELMRELEASE_API_VERSION, HELMRELEASE_KIND,
     PROCESSED_VERSION_ANNOTATION,
@@ -16,7 +16,7 @@ use plunger::names::{
 use plunger::release::ReleaseView;
 use serde_json::json;
 use testkit::audit::{self, AuditedRequest};
-use testkit::control_plane::{AuthInfo, workspace_binary};
+use testkit::control_plane::workspace_binary;
 use testkit::process::LoggedProcess;
 use testkit::{Handled, SimulatedHelmController, TestNamespace, control_plane, eventually};
 use tokio::process::Command;
@@ -43,12 +43,10 @@ struct Pod {
 }
 
 async fn start_pod(ns: &TestNamespace, pod: &str, dir: &std::path::Path) -> Result<Pod> {
-    let plane = control_plane();
-    let token = plane
-        .service_account_token(&ns.client, &ns.name, pod)
-        .await?;
     let kubeconfig = dir.join(format!("{pod}.kubeconfig"));
-    plane.write_kubeconfig(&kubeconfig, &AuthInfo::Token(token))?;
+    control_plane()
+        .write_service_account_kubeconfig(&ns.client, &ns.name, pod, &kubeconfig)
+        .await?;
     let common = vec![
         format!("--kubeconfig={}", kubeconfig.display()),
         "--log-encoding=console".to_owned(),
@@ -115,16 +113,9 @@ async fn the_next_pod_writes_only_after_the_first_pods_drain_and_leads_seconds_l
     let client = control_plane().client().await?;
     let ns = TestNamespace::create(&client, "handover").await?;
     let hc = SimulatedHelmController::new(client.clone(), &ns.name);
-    let bindings: Api<ClusterRoleBinding> = Api::all(client.clone());
-    let binding: ClusterRoleBinding = serde_json::from_value(json!({
-        "metadata": {"name": format!("{}-admin", ns.name)},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"},
-        "subjects": [
-            {"kind": "ServiceAccount", "name": "pod-a", "namespace": ns.name},
-            {"kind": "ServiceAccount", "name": "pod-b", "namespace": ns.name},
-        ],
-    }))?;
-    bindings.create(&PostParams::default(), &binding).await?;
+    let binding = control_plane()
+        .grant_cluster_admin(&client, &ns.name, &["pod-a", "pod-b"])
+        .await?;
     let dir = tempfile::tempdir()?;
 
     let mut a = start_pod(&ns, "pod-a", dir.path()).await?;
@@ -245,8 +236,8 @@ async fn the_next_pod_writes_only_after_the_first_pods_drain_and_leads_seconds_l
             .success()
     );
     assert!(b.drain.terminate(Duration::from_secs(120)).await?.success());
-    bindings
-        .delete(&format!("{}-admin", ns.name), &DeleteParams::default())
+    Api::<ClusterRoleBinding>::all(client)
+        .delete(&binding, &DeleteParams::default())
         .await?;
     Ok(())
 }

@@ -6,13 +6,12 @@
 use std::time::Duration;
 
 use anyhow::Result;
-use k8s_openapi::api::rbac::v1::{RoleBinding, RoleRef, Subject};
-use kube::api::{Api, ObjectMeta, PostParams};
+use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
+use kube::api::{Api, DeleteParams};
 use plunger::names::PROCESSED_VERSION_ANNOTATION;
 use plunger::release::ReleaseView;
 use serde_json::json;
 use testkit::audit;
-use testkit::control_plane::AuthInfo;
 use testkit::process::LoggedProcess;
 use testkit::{TestNamespace, control_plane, eventually};
 use tokio::process::Command;
@@ -35,33 +34,14 @@ async fn a_recovery_sends_the_requests_of_its_steps_and_its_event_and_nothing_mo
     let admin = plane.client().await?;
     let ns = TestNamespace::create(&admin, "requests").await?;
     // An identity of its own, so the audit log tells its requests apart.
-    let binding = RoleBinding {
-        metadata: ObjectMeta {
-            name: Some(ACCOUNT.to_owned()),
-            ..Default::default()
-        },
-        role_ref: RoleRef {
-            api_group: "rbac.authorization.k8s.io".to_owned(),
-            kind: "ClusterRole".to_owned(),
-            name: "cluster-admin".to_owned(),
-        },
-        subjects: Some(vec![Subject {
-            kind: "ServiceAccount".to_owned(),
-            name: ACCOUNT.to_owned(),
-            namespace: Some(ns.name.clone()),
-            ..Default::default()
-        }]),
-    };
-    Api::<RoleBinding>::namespaced(admin.clone(), &ns.name)
-        .create(&PostParams::default(), &binding)
-        .await?;
-    let token = plane
-        .service_account_token(&admin, &ns.name, ACCOUNT)
+    let binding = plane
+        .grant_cluster_admin(&admin, &ns.name, &[ACCOUNT])
         .await?;
     let dir = tempfile::tempdir()?;
     let kubeconfig = dir.path().join("kubeconfig");
-    plane.write_kubeconfig(&kubeconfig, &AuthInfo::Token(token))?;
-    let username = audit::service_account_user(&ns.name, ACCOUNT);
+    let username = plane
+        .write_service_account_kubeconfig(&admin, &ns.name, ACCOUNT, &kubeconfig)
+        .await?;
 
     ns.create_release("web", json!({})).await?;
     ns.create_storage_secret("web", 1, "superseded").await?;
@@ -123,5 +103,8 @@ async fn a_recovery_sends_the_requests_of_its_steps_and_its_event_and_nothing_mo
     .map(|(v, r)| ((*v).to_owned(), (*r).to_owned()))
     .collect();
     assert_eq!(sent, expected);
+    Api::<ClusterRoleBinding>::all(admin)
+        .delete(&binding, &DeleteParams::default())
+        .await?;
     Ok(())
 }

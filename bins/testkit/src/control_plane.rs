@@ -10,6 +10,7 @@ use anyhow::{Context, Result, bail};
 use base64::Engine;
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::ServiceAccount;
+use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, RoleRef, Subject};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
@@ -318,6 +319,64 @@ impl ControlPlane {
             .status
             .context("TokenRequest returned no status")?
             .token)
+    }
+
+    /// Writes a kubeconfig at `path` that acts as `namespace/service_account`
+    /// (created if missing) with a bearer token, the way a pod's mounted
+    /// token would; returns the username the audit log records for it.
+    pub async fn write_service_account_kubeconfig(
+        &self,
+        admin: &Client,
+        namespace: &str,
+        service_account: &str,
+        path: &Path,
+    ) -> Result<String> {
+        let token = self
+            .service_account_token(admin, namespace, service_account)
+            .await?;
+        self.write_kubeconfig(path, &AuthInfo::Token(token))?;
+        Ok(crate::audit::service_account_user(
+            namespace,
+            service_account,
+        ))
+    }
+
+    /// Binds `cluster-admin` to the ServiceAccounts `accounts` of `namespace`
+    /// (a test that reads one identity's requests from the audit log but
+    /// does not test RBAC); returns the ClusterRoleBinding's name.
+    pub async fn grant_cluster_admin(
+        &self,
+        admin: &Client,
+        namespace: &str,
+        accounts: &[&str],
+    ) -> Result<String> {
+        let name = format!("{namespace}-cluster-admin");
+        let binding = ClusterRoleBinding {
+            metadata: ObjectMeta {
+                name: Some(name.clone()),
+                ..Default::default()
+            },
+            role_ref: RoleRef {
+                api_group: "rbac.authorization.k8s.io".to_owned(),
+                kind: "ClusterRole".to_owned(),
+                name: "cluster-admin".to_owned(),
+            },
+            subjects: Some(
+                accounts
+                    .iter()
+                    .map(|account| Subject {
+                        kind: "ServiceAccount".to_owned(),
+                        name: (*account).to_owned(),
+                        namespace: Some(namespace.to_owned()),
+                        ..Default::default()
+                    })
+                    .collect(),
+            ),
+        };
+        Api::<ClusterRoleBinding>::all(admin.clone())
+            .create(&PostParams::default(), &binding)
+            .await?;
+        Ok(name)
     }
 
     /// A client acting as `namespace/service_account`.
