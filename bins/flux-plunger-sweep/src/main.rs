@@ -7,7 +7,8 @@ use std::process::ExitCode;
 use clap::Parser;
 use flux_plunger_sweep::cli::Args;
 
-#[tokio::main]
+// Two worker threads, whatever the node (why: flux-plunger's main.rs).
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> ExitCode {
     let command = Args::parse().into_command();
     match flux_plunger_sweep::run::run(command).await {

@@ -6,7 +6,11 @@ use std::process::ExitCode;
 use clap::Parser;
 use flux_plunger::cli::Args;
 
-#[tokio::main]
+// Two worker threads, whatever the node: the work is waiting on the
+// apiserver, and tokio's default (one worker per visible CPU, and the node's
+// CPUs are visible when the pod sets no CPU limit) would start dozens of
+// threads on a large node, each with its own malloc arena, for nothing.
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> ExitCode {
     let args = Args::parse();
     if let Err(err) = flux_plunger::run::validate(&args) {
