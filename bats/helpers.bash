@@ -140,22 +140,25 @@ suspend_owners() {
 }
 release_gone() { ! k get helmrelease "$1" -n "$NS" >/dev/null 2>&1; }
 
-# "VERB NAME FIELD-MANAGER CODE BODY" of every HelmRelease write by the hook's
-# ServiceAccount, in order, from the apiserver's audit log (blocking mode: a
+# "VERB NAME FIELD-MANAGER CODE BODY" of every write by the hook's
+# ServiceAccount to $1 (a resource, or resource/subresource; helmreleases when
+# not given), in order, from the apiserver's audit log (blocking mode: a
 # request is logged before it is answered). BODY: json-patch, object, or -
 # when the request was refused before its body was read.
 hook_writes() {
   node -e '
-    const [log, user] = process.argv.slice(1);
+    const [log, user, resource] = process.argv.slice(1);
     for (const line of require("fs").readFileSync(log, "utf8").split("\n")) {
       if (!line) continue;
       const e = JSON.parse(line);
-      if (e.user?.username !== user || e.objectRef?.resource !== "helmreleases") continue;
+      const ref = e.objectRef ?? {};
+      const written = ref.subresource ? `${ref.resource}/${ref.subresource}` : ref.resource;
+      if (e.user?.username !== user || written !== resource) continue;
       if (!["patch", "update", "create"].includes(e.verb)) continue;
       const manager = new URL(e.requestURI, "https://apiserver").searchParams.get("fieldManager") ?? "-";
       const body = e.requestObject === undefined ? "-" : Array.isArray(e.requestObject) ? "json-patch" : "object";
-      console.log(e.verb, e.objectRef.name, manager, e.responseStatus.code, body);
-    }' "$CONTROL_PLANE_DIR/audit.log" "system:serviceaccount:$NS:$HOOK"
+      console.log(e.verb, ref.name, manager, e.responseStatus.code, body);
+    }' "$CONTROL_PLANE_DIR/audit.log" "system:serviceaccount:$NS:$HOOK" "${1:-helmreleases}"
 }
 
 # --- the chart's hook -------------------------------------------------------

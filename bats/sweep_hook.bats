@@ -65,6 +65,8 @@ patch doubled flux-plunger-sweep 200 json-patch
 patch ours flux-plunger-sweep 200 json-patch
 patch patched flux-plunger-sweep 200 json-patch"
   expect_eq "replicas" "$(replicas)" "0"
+  expect_eq "the hook's scale-down" "$(hook_writes deployments/scale | cut -d' ' -f1-4)" \
+    "patch $FULLNAME flux-plunger-sweep 200"
   ! lease_exists
 }
 

@@ -14,8 +14,8 @@ use plunger::release::ReleaseView;
 use plunger::sweep::{
     Budget, HookConfig, NotReleased, Released, Uninstall, release_with_retry, run_hook,
 };
-use serde_json::{Value, json};
-use testkit::{TestNamespace, control_plane};
+use serde_json::json;
+use testkit::{TestNamespace, audit, control_plane};
 
 async fn namespace(prefix: &str) -> Result<TestNamespace> {
     TestNamespace::create(&control_plane().client().await?, prefix).await
@@ -56,30 +56,15 @@ fn budget(retries: Duration) -> Budget {
     Budget::from_now(retries, Duration::from_secs(10))
 }
 
-fn audit_lines() -> usize {
-    std::fs::read_to_string(control_plane().audit_log())
-        .unwrap_or_default()
-        .lines()
-        .count()
-}
-
-/// (verb, response code) of every request on the release, in order, after
-/// the first `skip` lines of the audit log.
-fn audited_requests(ns: &str, name: &str, skip: usize) -> Vec<(String, i64)> {
-    let text = std::fs::read_to_string(control_plane().audit_log()).unwrap_or_default();
-    text.lines()
-        .skip(skip)
-        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
-        .filter(|e| e["stage"] == "ResponseComplete")
-        .filter(|e| e["objectRef"]["resource"] == "helmreleases")
-        .filter(|e| e["objectRef"]["namespace"] == ns && e["objectRef"]["name"] == name)
-        .map(|e| {
-            (
-                e["verb"].as_str().unwrap_or_default().to_owned(),
-                e["responseStatus"]["code"].as_i64().unwrap_or_default(),
-            )
-        })
-        .collect()
+/// (verb, response code) of every request on the release since `offset` of
+/// the audit log, in order.
+fn audited_requests(ns: &str, name: &str, offset: u64) -> Result<Vec<(String, u16)>> {
+    Ok(audit::read_since(offset)?
+        .into_iter()
+        .filter(|r| r.resource() == "helmreleases")
+        .filter(|r| r.namespace.as_deref() == Some(ns) && r.name == name)
+        .map(|r| (r.verb, r.code))
+        .collect())
 }
 
 #[tokio::test]
@@ -94,7 +79,7 @@ async fn a_release_that_changed_after_its_read_is_read_again_and_then_released()
             &Patch::Merge(json!({"metadata": {"labels": {"team": "payments"}}})),
         )
         .await?;
-    let skip = audit_lines();
+    let offset = audit::mark();
 
     let released = release_with_retry(
         &ns.client,
@@ -110,9 +95,11 @@ async fn a_release_that_changed_after_its_read_is_read_again_and_then_released()
         Duration::from_secs(10),
         "the requests reach the audit log",
         || {
-            requests = audited_requests(&ns.name, "web", skip);
-            let count = requests.len();
-            async move { Ok(count >= 3) }
+            let read = audited_requests(&ns.name, "web", offset);
+            if let Ok(read) = &read {
+                requests.clone_from(read);
+            }
+            async move { Ok(read?.len() >= 3) }
         },
     )
     .await?;
@@ -249,7 +236,9 @@ async fn a_hook_whose_apiserver_never_answers_ends_at_its_window_plus_the_finish
     let took = started.elapsed();
     server.abort();
     assert!(
-        took >= Duration::from_secs(3) && took < Duration::from_millis(3500),
+        // Not the pod wait (100 s), nor a client timeout: the window and the
+        // margin; the upper bound leaves room for a loaded CI machine.
+        took >= Duration::from_secs(3) && took < Duration::from_secs(5),
         "the one pending read is given up at window + margin: {took:?}"
     );
     assert!(!report.success);
