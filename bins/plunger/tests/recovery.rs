@@ -19,7 +19,7 @@ use plunger::reconcile::{Outcome, Reconciler, Step, TestHooks};
 use plunger::release::ReleaseView;
 use plunger::timings::Timings;
 use serde_json::{Value, json};
-use testkit::{Handled, SimulatedHelmController, TestNamespace, control_plane};
+use testkit::{Handled, SimulatedHelmController, TestNamespace, audit, control_plane};
 
 struct World {
     ns: TestNamespace,
@@ -928,7 +928,7 @@ async fn every_apply_carries_the_uid_and_resource_version_of_the_read_that_decid
     w.leave_our_suspension("crashed").await?;
     // Only what the reconciler sends from here on counts (the setup above
     // writes as flux-plunger too).
-    let skip = audit_lines();
+    let offset = audit::mark();
     let r = w.reconciler();
     assert_eq!(
         r.reconcile(&w.ns.name, "web").await?,
@@ -945,9 +945,11 @@ async fn every_apply_carries_the_uid_and_resource_version_of_the_read_that_decid
         Duration::from_secs(10),
         "the applies reach the audit log",
         || {
-            applies = audited_applies(&w.ns.name, skip);
-            let count = applies.len();
-            async move { Ok(count >= 3) }
+            let read = audited_applies(&w.ns.name, offset);
+            if let Ok(read) = &read {
+                applies.clone_from(read);
+            }
+            async move { Ok(read?.len() >= 3) }
         },
     )
     .await?;
@@ -984,30 +986,17 @@ async fn every_apply_carries_the_uid_and_resource_version_of_the_read_that_decid
     Ok(())
 }
 
-fn audit_lines() -> usize {
-    std::fs::read_to_string(control_plane().audit_log())
-        .unwrap_or_default()
-        .lines()
-        .count()
-}
-
 /// The bodies of the server-side applies by flux-plunger in `namespace`,
-/// after the first `skip` lines of the audit log.
-fn audited_applies(namespace: &str, skip: usize) -> Vec<Value> {
-    let text = std::fs::read_to_string(control_plane().audit_log()).unwrap_or_default();
-    text.lines()
-        .skip(skip)
-        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
-        .filter(|e| e["verb"] == "patch" && e["objectRef"]["namespace"] == namespace)
-        .filter(|e| e["objectRef"]["resource"] == "helmreleases")
-        .filter(|e| {
-            e["requestURI"].as_str().is_some_and(|u| {
-                u.contains("fieldManager=flux-plunger") && !u.contains("flux-plunger-")
-            })
-        })
-        .filter(|e| e["requestObject"]["apiVersion"] == HELMRELEASE_API_VERSION)
-        .map(|e| e["requestObject"].clone())
-        .collect()
+/// since `offset` of the audit log.
+fn audited_applies(namespace: &str, offset: u64) -> Result<Vec<Value>> {
+    Ok(audit::read_since(offset)?
+        .into_iter()
+        .filter(|r| r.verb == "patch" && r.resource() == "helmreleases")
+        .filter(|r| r.namespace.as_deref() == Some(namespace))
+        .filter(|r| r.field_manager() == Some(FIELD_MANAGER))
+        .filter_map(|r| r.body)
+        .filter(|body| body["apiVersion"] == HELMRELEASE_API_VERSION)
+        .collect())
 }
 
 // Operator controls (SPEC §9).
@@ -1563,7 +1552,7 @@ async fn a_status_write_by_helm_controller_mid_recovery_is_read_through_not_undo
             }
             .boxed()
         });
-        let skip = audit_lines();
+        let offset = audit::mark();
 
         assert_eq!(
             reconciler.reconcile(&w.ns.name, name).await?,
@@ -1579,7 +1568,7 @@ async fn a_status_write_by_helm_controller_mid_recovery_is_read_through_not_undo
                 .any(|e| e.reason == "Recovered"),
             "{name}"
         );
-        let suspensions = audited_applies(&w.ns.name, skip)
+        let suspensions = audited_applies(&w.ns.name, offset)?
             .iter()
             .filter(|b| b["metadata"]["name"] == name && b["spec"]["suspend"] == true)
             .count();

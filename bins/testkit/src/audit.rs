@@ -57,6 +57,14 @@ impl AuditedRequest {
         (200..300).contains(&self.code)
     }
 
+    /// The `fieldManager` the request named, if any.
+    pub fn field_manager(&self) -> Option<&str> {
+        let (_, query) = self.request_uri.split_once('?')?;
+        query
+            .split('&')
+            .find_map(|pair| pair.strip_prefix("fieldManager="))
+    }
+
     /// A short label for counting: the verb (a patch split into server-side
     /// apply and merge patch by its body, where the body was logged) and the
     /// resource, e.g. `patch (apply) helmreleases`.
@@ -314,7 +322,7 @@ mod tests {
     }
 
     #[test]
-    fn a_patch_is_labelled_apply_or_merge_by_its_logged_body() {
+    fn a_patch_is_labelled_apply_or_merge_by_its_logged_body_and_names_its_field_manager() {
         let patch = |body: Option<Value>| AuditedRequest {
             audit_id: "a".to_owned(),
             user: "u".to_owned(),
@@ -340,6 +348,23 @@ mod tests {
         assert_eq!(apply.label(), "patch (apply) helmreleases");
         assert_eq!(merge.label(), "patch (merge) helmreleases");
         assert_eq!(unlogged.label(), "patch helmreleases");
+        let with_uri = |uri: &str| AuditedRequest {
+            request_uri: uri.to_owned(),
+            ..unlogged.clone()
+        };
+        assert_eq!(
+            with_uri(
+                "/apis/x/v2/namespaces/n/helmreleases/a?fieldManager=flux-plunger&force=false"
+            )
+            .field_manager(),
+            Some("flux-plunger")
+        );
+        assert_eq!(
+            with_uri("/apis/x?dryRun=All&fieldManager=flux-plunger-sweep").field_manager(),
+            Some("flux-plunger-sweep")
+        );
+        assert_eq!(with_uri("/apis/x?force=true").field_manager(), None);
+        assert_eq!(with_uri("/apis/x").field_manager(), None);
         assert_eq!(
             count_by_label([&apply, &merge, &apply]),
             BTreeMap::from([
