@@ -319,16 +319,28 @@ pub fn helmreleases(client: kube::Client, namespace: &str) -> kube::Api<DynamicO
     kube::Api::namespaced_with(client, namespace, &helmrelease_resource())
 }
 
+/// How many HelmReleases one listing request asks for.
+pub const LIST_PAGE_SIZE: u32 = 500;
+
 /// Every HelmRelease of the cluster, read from the apiserver page by page
 /// (memory stays bounded with many releases), each turned into a view and
 /// kept when `keep` returns something.
 pub async fn list_all<T>(
     client: &kube::Client,
+    keep: impl FnMut(ReleaseView) -> Option<T>,
+) -> kube::Result<Vec<T>> {
+    list_in_pages(client, LIST_PAGE_SIZE, keep).await
+}
+
+/// [`list_all`] with pages of `page_size` releases (tests use small pages).
+pub async fn list_in_pages<T>(
+    client: &kube::Client,
+    page_size: u32,
     mut keep: impl FnMut(ReleaseView) -> Option<T>,
 ) -> kube::Result<Vec<T>> {
     let api = all_helmreleases(client.clone());
     let mut kept = Vec::new();
-    let mut params = kube::api::ListParams::default().limit(500);
+    let mut params = kube::api::ListParams::default().limit(page_size);
     loop {
         let page = api.list(&params).await?;
         kept.extend(
@@ -337,6 +349,8 @@ pub async fn list_all<T>(
                 .map(ReleaseView::from_object)
                 .filter_map(&mut keep),
         );
+        // The last page carries an empty (or no) `continue`: following an
+        // empty token would list from the start again, forever.
         match page.metadata.continue_ {
             Some(token) if !token.is_empty() => params = params.continue_token(&token),
             _ => return Ok(kept),

@@ -166,6 +166,31 @@ async fn release_refuses_a_release_found_deleted_and_not_uninstalled_when_it_rea
     Ok(())
 }
 
+/// The drain's and the sweep's listing reads every page: five releases
+/// listed two at a time are all found (among every other test's releases).
+#[tokio::test]
+async fn the_cluster_wide_listing_follows_every_page() -> Result<()> {
+    let ns = namespace("list-pages").await?;
+    let names = ["a", "b", "c", "d", "e"];
+    for name in names {
+        ns.create_release(name, json!({})).await?;
+    }
+
+    // A listing that never ends (a continue token followed forever) fails
+    // here rather than hanging the suite.
+    let mut listed = tokio::time::timeout(
+        Duration::from_secs(30),
+        plunger::release::list_in_pages(&ns.client, 2, |release| {
+            (release.namespace == ns.name).then_some(release.name)
+        }),
+    )
+    .await??;
+
+    listed.sort();
+    assert_eq!(listed, names);
+    Ok(())
+}
+
 #[tokio::test]
 async fn a_suspension_flux_plunger_alone_holds_is_lifted_even_without_a_fence() -> Result<()> {
     let ns = namespace("sweep-bare-suspension").await?;
