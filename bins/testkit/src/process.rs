@@ -21,12 +21,14 @@ pub struct Supervised {
 
 const SUPERVISOR: &str = r#"
 log="$1"; cleanup="$2"; shift 2
-# Ctrl-C reaches the whole process group: outlive it to clean up.
-trap '' INT
+# Ctrl-C, and a SIGTERM sent to the whole process group (a `timeout`, a
+# cancelled CI job), reach the supervisor too: outlive them to clean up. The
+# server gets SIGTERM's default back.
+trap '' INT TERM
 # A background job's stdin is /dev/null in a non-interactive shell: keep the
 # pipe from the test process on fd 3 for the watcher.
 exec 3<&0
-"$@" >"$log" 2>&1 3<&- &
+( trap - TERM; exec "$@" ) >"$log" 2>&1 3<&- &
 pid=$!
 # Wait for the test process to go (our stdin closes), or the server to die.
 # Test data is thrown away: a short grace, then KILL (kube-apiserver's graceful
