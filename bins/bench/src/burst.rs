@@ -9,10 +9,8 @@ use futures::{StreamExt, stream};
 use k8s_openapi::jiff::Timestamp;
 use kube::Client;
 use kube::runtime::watcher;
-use plunger::names::PROCESSED_VERSION_ANNOTATION;
-use plunger::release::ReleaseView;
-use testkit::TestNamespace;
 use testkit::audit::{self, AuditedRequest};
+use testkit::{TestNamespace, is_recovered};
 
 use crate::controller::{Controller, Identity};
 use crate::objects::{SETUP_CONCURRENCY, create_releases, mark_stuck, release_name};
@@ -29,16 +27,6 @@ pub struct BurstRun {
     pub background: BTreeMap<String, u64>,
     /// The requests of one recovery, in order.
     pub sequence: Vec<String>,
-}
-
-fn recovered(object: &kube::api::DynamicObject) -> bool {
-    let view = ReleaseView::from_object(object);
-    view.annotations
-        .get(PROCESSED_VERSION_ANNOTATION)
-        .map(String::as_str)
-        == Some("2")
-        && !view.suspend
-        && !view.has_fence()
 }
 
 fn since(later: Timestamp, earlier: Timestamp) -> Duration {
@@ -103,7 +91,9 @@ pub async fn bench_burst(
                         let _ = tx.send(());
                     }
                 }
-                Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) if recovered(&o) => {
+                Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o))
+                    if is_recovered(&o, 2) =>
+                {
                     let _ = seen_tx.send(o.metadata.name.unwrap_or_default());
                 }
                 _ => {}

@@ -12,10 +12,7 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
 use kube::api::{Patch, PatchParams, PostParams};
 use plunger::names::reasons;
-use plunger::names::{
-    FENCE_FINALIZER, FIELD_MANAGER, HELMRELEASE_API_VERSION, HELMRELEASE_KIND,
-    PROCESSED_VERSION_ANNOTATION,
-};
+use plunger::names::{FENCE_FINALIZER, FIELD_MANAGER, HELMRELEASE_API_VERSION, HELMRELEASE_KIND};
 use plunger::release::ReleaseView;
 use serde_json::json;
 use testkit::audit;
@@ -70,16 +67,7 @@ async fn the_controller_and_the_drain_need_nothing_beyond_the_charts_rbac() -> R
     eventually(
         Duration::from_secs(60),
         "the stuck release is recovered",
-        || async {
-            let view = ReleaseView::from_object(&apps.releases().get("web").await?);
-            Ok(view
-                .annotations
-                .get(PROCESSED_VERSION_ANNOTATION)
-                .map(String::as_str)
-                == Some("2")
-                && !view.suspend
-                && !view.has_fence())
-        },
+        || apps.is_recovered("web", 2),
     )
     .await?;
     assert!(

@@ -9,11 +9,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
-use plunger::names::{
-    FENCE_FINALIZER, FIELD_MANAGER, HELMRELEASE_API_VERSION, HELMRELEASE_KIND,
-    PROCESSED_VERSION_ANNOTATION,
-};
-use plunger::release::ReleaseView;
+use plunger::names::{FENCE_FINALIZER, FIELD_MANAGER, HELMRELEASE_API_VERSION, HELMRELEASE_KIND};
 use serde_json::json;
 use testkit::audit::{self, AuditedRequest};
 use testkit::control_plane::workspace_binary;
@@ -96,17 +92,6 @@ async fn stuck(ns: &TestNamespace, hc: &SimulatedHelmController, name: &str) -> 
     Ok(())
 }
 
-async fn recovered(ns: &TestNamespace, name: &str) -> Result<bool> {
-    let view = ReleaseView::from_object(&ns.releases().get(name).await?);
-    Ok(view
-        .annotations
-        .get(PROCESSED_VERSION_ANNOTATION)
-        .map(String::as_str)
-        == Some("1")
-        && !view.suspend
-        && !view.has_fence())
-}
-
 #[tokio::test]
 async fn the_next_pod_writes_only_after_the_first_pods_drain_and_leads_seconds_later() -> Result<()>
 {
@@ -135,7 +120,7 @@ async fn the_next_pod_writes_only_after_the_first_pods_drain_and_leads_seconds_l
     eventually(
         Duration::from_secs(30),
         "pod-a recovers the first release",
-        || recovered(&ns, "early"),
+        || ns.is_recovered("early", 1),
     )
     .await?;
 
@@ -187,7 +172,7 @@ async fn the_next_pod_writes_only_after_the_first_pods_drain_and_leads_seconds_l
     eventually(
         Duration::from_secs(30),
         "pod-b recovers the late release",
-        || recovered(&ns, "late"),
+        || ns.is_recovered("late", 1),
     )
     .await?;
     let b_led_after = drain_ended.elapsed();

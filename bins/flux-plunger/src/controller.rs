@@ -58,8 +58,9 @@ impl Context {
     }
 }
 
-/// HelmReleases per page of the watch's listing.
-const LIST_PAGE_SIZE: u32 = 100;
+/// HelmReleases per page of the watch's listing (the drain's and the
+/// sweep's listing: `plunger::release::LIST_PAGE_SIZE`).
+const WATCH_PAGE_SIZE: u32 = 100;
 
 /// Retry delays: 1 s doubling to 5 minutes.
 pub fn backoff(failures: u32) -> Duration {
@@ -228,7 +229,7 @@ impl Scope {
     fn watcher_config(&self) -> watcher::Config {
         // Smaller listing pages than the default 500: each page is read
         // whole before it is decoded, so the page bounds the memory peak.
-        let config = watcher::Config::default().page_size(LIST_PAGE_SIZE);
+        let config = watcher::Config::default().page_size(WATCH_PAGE_SIZE);
         match &self.label_selector {
             Some(selector) => config.labels(selector),
             None => config,

@@ -108,21 +108,9 @@ async fn the_controller_recovers_a_stuck_release_and_counts_it() -> Result<()> {
     ns.create_storage_secret("web", 2, "uninstalling").await?;
     ns.mark_stuck("web").await?;
 
-    eventually(
-        Duration::from_secs(30),
-        "the release is recovered",
-        || async {
-            let object = ns.releases().get("web").await?;
-            let view = ReleaseView::from_object(&object);
-            Ok(view
-                .annotations
-                .get(PROCESSED_VERSION_ANNOTATION)
-                .map(String::as_str)
-                == Some("2")
-                && !view.suspend
-                && !view.has_fence())
-        },
-    )
+    eventually(Duration::from_secs(30), "the release is recovered", || {
+        ns.is_recovered("web", 2)
+    })
     .await?;
     assert_eq!(ns.secret_names().await?, vec!["sh.helm.release.v1.web.v1"]);
 

@@ -8,8 +8,6 @@ use std::time::Duration;
 use anyhow::Result;
 use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
 use kube::api::{Api, DeleteParams};
-use plunger::names::PROCESSED_VERSION_ANNOTATION;
-use plunger::release::ReleaseView;
 use serde_json::json;
 use testkit::audit;
 use testkit::process::LoggedProcess;
@@ -65,20 +63,9 @@ async fn a_recovery_sends_the_requests_of_its_steps_and_its_event_and_nothing_mo
 
     let offset = audit::mark();
     ns.mark_stuck("web").await?;
-    eventually(
-        Duration::from_secs(60),
-        "the release is recovered",
-        || async {
-            let view = ReleaseView::from_object(&ns.releases().get("web").await?);
-            Ok(view
-                .annotations
-                .get(PROCESSED_VERSION_ANNOTATION)
-                .map(String::as_str)
-                == Some("2")
-                && !view.suspend
-                && !view.has_fence())
-        },
-    )
+    eventually(Duration::from_secs(60), "the release is recovered", || {
+        ns.is_recovered("web", 2)
+    })
     .await?;
     // Time for a pass the recovery's own writes would wake.
     tokio::time::sleep(Duration::from_secs(3)).await;

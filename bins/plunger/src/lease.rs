@@ -78,11 +78,7 @@ impl LeaseLock {
                 .replace(&self.name, &PostParams::default(), &ours)
                 .await
             {
-                Ok(written) => {
-                    self.observe(&written, now);
-                    self.written = Some(written);
-                    return Ok(Attempt::Held);
-                }
+                Ok(written) => return Ok(self.held(written, now)),
                 Err(kube::Error::Api(s)) if s.code == 409 || s.code == 404 => {}
                 Err(e) => return Err(e),
             }
@@ -96,11 +92,7 @@ impl LeaseLock {
                 spec: Some(self.spec(None, 0)),
             };
             return match self.api.create(&PostParams::default(), &lease).await {
-                Ok(created) => {
-                    self.observe(&created, now);
-                    self.written = Some(created);
-                    Ok(Attempt::Held)
-                }
+                Ok(created) => Ok(self.held(created, now)),
                 Err(kube::Error::Api(s)) if s.code == 409 => Ok(Attempt::HeldBy(String::new())),
                 Err(e) => Err(e),
             };
@@ -125,11 +117,7 @@ impl LeaseLock {
             .replace(&self.name, &PostParams::default(), &updated)
             .await
         {
-            Ok(written) => {
-                self.observe(&written, now);
-                self.written = Some(written);
-                Ok(Attempt::Held)
-            }
+            Ok(written) => Ok(self.held(written, now)),
             Err(kube::Error::Api(s)) if s.code == 409 => Ok(Attempt::HeldBy(holder)),
             Err(e) => Err(e),
         }
@@ -184,6 +172,13 @@ impl LeaseLock {
             lease_transitions: Some(transitions),
             ..LeaseSpec::default()
         }
+    }
+
+    /// Our write of the Lease succeeded: it is ours, as `written` left it.
+    fn held(&mut self, written: Lease, now: Instant) -> Attempt {
+        self.observe(&written, now);
+        self.written = Some(written);
+        Attempt::Held
     }
 
     fn observe(&mut self, lease: &Lease, now: Instant) {

@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::{Namespace, Secret};
 use kube::Client;
 use kube::api::{Api, DynamicObject, ObjectMeta, Patch, PatchParams, PostParams};
 use plunger::names;
-use plunger::release::helmreleases;
+use plunger::release::{ReleaseView, helmreleases};
 use serde_json::{Value, json};
 
 /// A namespace created for one test. Never deleted: no namespace controller
@@ -119,6 +119,12 @@ impl TestNamespace {
         .await
     }
 
+    /// True once release `name` is recovered to `revision`: the processed
+    /// annotation names it, and no suspension or fence is left on it.
+    pub async fn is_recovered(&self, name: &str, revision: u64) -> Result<bool> {
+        Ok(is_recovered(&self.releases().get(name).await?, revision))
+    }
+
     /// Sets the `Ready` condition (status subresource).
     pub async fn set_ready(
         &self,
@@ -180,6 +186,17 @@ impl TestNamespace {
             .create(&PostParams::default(), &secret)
             .await?)
     }
+}
+
+/// `object` is recovered to `revision`: the processed annotation names it,
+/// and no suspension or fence is left on it.
+pub fn is_recovered(object: &DynamicObject, revision: u64) -> bool {
+    let view = ReleaseView::from_object(object);
+    view.annotations
+        .get(names::PROCESSED_VERSION_ANNOTATION)
+        .is_some_and(|v| *v == revision.to_string())
+        && !view.suspend
+        && !view.has_fence()
 }
 
 /// Merges `patch` into `target` as a JSON merge patch would.

@@ -34,6 +34,23 @@ async fn proxy(verbs: &[Verb], rates: Rates) -> Result<FaultProxy> {
     FaultProxy::in_front_of_control_plane(FaultPlan::none(7).with_verbs(verbs, rates)).await
 }
 
+/// Creates ConfigMap `name` in `ns` through a proxy that injects `rates` on
+/// every create, and expects it to fail: the proxy (for its report), the
+/// ConfigMaps through it, and the error the client saw.
+async fn create_failing_through(
+    ns: &TestNamespace,
+    rates: Rates,
+    name: &str,
+) -> Result<(FaultProxy, Api<ConfigMap>, kube::Error)> {
+    let proxy = proxy(&[Verb::Create], rates).await?;
+    let through: Api<ConfigMap> = Api::namespaced(proxy.client()?, &ns.name);
+    let err = through
+        .create(&PostParams::default(), &configmap(name))
+        .await
+        .expect_err("the injected fault fails the create");
+    Ok((proxy, through, err))
+}
+
 /// A client through the proxy without kube's retry of 429/503, to see each
 /// answer as the proxy gave it.
 fn no_retry_client(proxy: &FaultProxy) -> Result<kube::Client> {
@@ -137,20 +154,12 @@ async fn a_kubeconfig_for_a_process_goes_through_the_proxy() -> Result<()> {
 #[tokio::test]
 async fn an_injected_conflict_on_a_write_means_nothing_was_written() -> Result<()> {
     let ns = namespace("proxy-409").await?;
-    let proxy = proxy(
-        &[Verb::Create],
-        Rates {
-            conflict: 1.0,
-            ..Rates::default()
-        },
-    )
-    .await?;
-    let through: Api<ConfigMap> = Api::namespaced(proxy.client()?, &ns.name);
+    let rates = Rates {
+        conflict: 1.0,
+        ..Rates::default()
+    };
 
-    let err = through
-        .create(&PostParams::default(), &configmap("never"))
-        .await
-        .unwrap_err();
+    let (proxy, _, err) = create_failing_through(&ns, rates, "never").await?;
 
     assert!(
         matches!(&err, kube::Error::Api(s) if s.code == 409),
@@ -164,20 +173,12 @@ async fn an_injected_conflict_on_a_write_means_nothing_was_written() -> Result<(
 #[tokio::test]
 async fn a_reset_before_forwarding_fails_the_request_and_writes_nothing() -> Result<()> {
     let ns = namespace("proxy-reset-before").await?;
-    let proxy = proxy(
-        &[Verb::Create],
-        Rates {
-            reset_before: 1.0,
-            ..Rates::default()
-        },
-    )
-    .await?;
-    let through: Api<ConfigMap> = Api::namespaced(proxy.client()?, &ns.name);
+    let rates = Rates {
+        reset_before: 1.0,
+        ..Rates::default()
+    };
 
-    let err = through
-        .create(&PostParams::default(), &configmap("never"))
-        .await
-        .unwrap_err();
+    let (proxy, _, err) = create_failing_through(&ns, rates, "never").await?;
 
     assert!(was_reset(&err), "a connection reset: {err:?}");
     assert!(ns_configmaps(&ns).get_opt("never").await?.is_none());
@@ -188,20 +189,12 @@ async fn a_reset_before_forwarding_fails_the_request_and_writes_nothing() -> Res
 #[tokio::test]
 async fn a_reset_after_forwarding_loses_the_answer_but_not_the_write() -> Result<()> {
     let ns = namespace("proxy-reset-after").await?;
-    let proxy = proxy(
-        &[Verb::Create],
-        Rates {
-            reset_after: 1.0,
-            ..Rates::default()
-        },
-    )
-    .await?;
-    let through: Api<ConfigMap> = Api::namespaced(proxy.client()?, &ns.name);
+    let rates = Rates {
+        reset_after: 1.0,
+        ..Rates::default()
+    };
 
-    let err = through
-        .create(&PostParams::default(), &configmap("written"))
-        .await
-        .unwrap_err();
+    let (proxy, through, err) = create_failing_through(&ns, rates, "written").await?;
 
     assert!(was_reset(&err), "a connection reset: {err:?}");
     assert!(ns_configmaps(&ns).get_opt("written").await?.is_some());
