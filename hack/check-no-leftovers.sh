@@ -7,9 +7,30 @@
 # Only this checkout's servers are judged: another worktree on the same
 # machine may be running its own tests right now, from its own _out/ (the
 # Makefile exports FLUX_PLUNGER_OUT, and testkit starts the servers from it).
+#
+# The node tier's sandboxes (hack/node-sandbox.sh) are named after the
+# checkout: none of this checkout's may leave a process (the node's servers,
+# containerd's shims, the containers in its cgroups), a cgroup, a directory or
+# a mount behind; and the host's network must show nothing of a node: no pod
+# bridge or veth, none of the node's addresses, no network namespace, no
+# Kubernetes or CNI firewall rule.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 out="${FLUX_PLUNGER_OUT:-$root/_out}"
+sandbox=$("$root/hack/node-sandbox.sh" --prefix)
+
+# What a node may have left on the host, one line each.
+node_leftovers() {
+  pgrep -a -f -- "$sandbox|${root}/hack/node-sandbox.sh|${out}/bin/(kubelet|kube-controller-manager|kube-scheduler)( |$)" || true
+  ls -d /sys/fs/cgroup/*/"$sandbox"-* "${TMPDIR:-/tmp}/$sandbox"-* 2>/dev/null || true
+  grep -F "$sandbox" /proc/self/mountinfo || true
+  ip -o link show 2>/dev/null | grep -E ': (fp-pods0|veth[^:]*)[:@]' || true
+  ip -o addr show 2>/dev/null | grep -E ' (10\.254\.0\.1|10\.96\.0\.1)/' || true
+  ip netns list 2>/dev/null | grep -E '^(cni-|flux-plunger)' || true
+  if command -v iptables >/dev/null 2>&1; then
+    iptables -S 2>/dev/null | grep -E 'KUBE-|CNI-' || true
+  fi
+}
 for _ in $(seq 1 50); do
   procs=$(pgrep -a -f "^(${out}/bin/(etcd|kube-apiserver|helm-controller-[^ ]+)|${root}/target/[^/ ]+/flux-plunger(-drain|-sweep)?)( |$)" || true)
   dirs=""
@@ -21,7 +42,8 @@ for _ in $(seq 1 50); do
     fi
     dirs="${dirs}${dir}"$'\n'
   done
-  if [ -z "$procs" ] && [ -z "$dirs" ]; then
+  node=$(node_leftovers)
+  if [ -z "$procs" ] && [ -z "$dirs" ] && [ -z "$node" ]; then
     echo ">> no test process or directory left behind"
     exit 0
   fi
@@ -30,4 +52,5 @@ done
 echo "left behind after the tests:" >&2
 [ -n "$procs" ] && echo "$procs" >&2
 [ -n "$dirs" ] && echo "$dirs" >&2
+[ -n "$node" ] && echo "$node" >&2
 exit 1
