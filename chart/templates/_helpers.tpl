@@ -160,3 +160,86 @@ and the Lease namespace of the controller and the drain.
     fieldRef:
       fieldPath: metadata.namespace
 {{- end }}
+
+{{/*
+The admission guard (admission-policy.yaml, admission-policy-binding.yaml) is
+rendered with admissionGuard.enabled where the cluster serves
+admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy (Kubernetes 1.30
+and later), as its discovery tells helm install and helm-controller. Offline,
+`helm template` knows API groups but no kinds: it renders the guard when told
+`--api-versions admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy`.
+Renders "true" or nothing.
+*/}}
+{{- define "flux-plunger.admissionGuard.enabled" -}}
+{{- if and .Values.admissionGuard.enabled (.Capabilities.APIVersions.Has "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy") -}}
+true
+{{- end }}
+{{- end }}
+
+{{/*
+The users the admission guard holds: the controller's ServiceAccount (the
+controller and the drain sidecar) and the pre-delete hook's. A YAML list.
+*/}}
+{{- define "flux-plunger.guardedUsers" -}}
+- system:serviceaccount:{{ .Release.Namespace }}:{{ include "flux-plunger.serviceAccountName" . }}
+{{- if .Values.preDeleteHook.enabled }}
+- system:serviceaccount:{{ .Release.Namespace }}:{{ include "flux-plunger.hookName" . }}
+{{- end }}
+{{- end }}
+
+{{/*
+What flux-plunger writes in a HelmRelease's metadata: its fence finalizer,
+its annotations (the processed revision and the uid below it; helm-
+controller's reconcile request) and its own labels. The admission guard lets
+no other metadata change. The names are plunger::names' FENCE_FINALIZER,
+OWN_ANNOTATIONS and OWN_LABELS; the contract tests compare them.
+*/}}
+{{- define "flux-plunger.ownFinalizer" -}}
+flux-plunger.cozystack.io/uninstall-fence
+{{- end }}
+
+{{- define "flux-plunger.ownAnnotations" -}}
+- flux-plunger.cozystack.io/last-processed-version
+- flux-plunger.cozystack.io/last-processed-below-uid
+- reconcile.fluxcd.io/requestedAt
+{{- end }}
+
+{{- define "flux-plunger.ownLabels" -}}
+[]
+{{- end }}
+
+{{/*
+The Helm release statuses whose newest revision explains "has no deployed
+releases": the only storage revisions flux-plunger deletes, and so the only
+ones the admission guard lets it delete (never a deployed or superseded one).
+The statuses plunger::decide::status_explains_stuck accepts; the contract
+tests compare them.
+*/}}
+{{- define "flux-plunger.reclaimableStatuses" -}}
+- uninstalling
+- uninstalled
+- unknown
+- failed
+- pending-install
+- pending-upgrade
+- pending-rollback
+{{- end }}
+
+{{/*
+A CEL condition for the admission guard: the map `.new` differs from the map
+`.old` at most at the keys of the CEL list `.keys` (added, removed or
+changed there); every other key is in both, with equal values. Call with
+(dict "new" "..." "old" "..." "keys" "[...]").
+*/}}
+{{- define "flux-plunger.guard.changesAtMost" -}}
+({{ .new }}.all(k, k in {{ .keys }} || (k in {{ .old }} && {{ .old }}[k] == {{ .new }}[k])) && {{ .old }}.all(k, k in {{ .keys }} || k in {{ .new }}))
+{{- end }}
+
+{{/*
+A CEL value for the admission guard: the field `.field` of the request's
+object, or `.empty` ({} or []) where the object leaves it out or holds null
+(the last finalizer removed leaves `finalizers: null`).
+*/}}
+{{- define "flux-plunger.guard.orEmpty" -}}
+has({{ .field }}) && {{ .field }} != null ? {{ .field }} : {{ .empty }}
+{{- end }}

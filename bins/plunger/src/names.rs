@@ -28,6 +28,24 @@ pub const PROCESSED_VERSION_ANNOTATION: &str = "flux-plunger.cozystack.io/last-p
 pub const PROCESSED_BELOW_UID_ANNOTATION: &str =
     "flux-plunger.cozystack.io/last-processed-below-uid";
 
+/// Asks helm-controller to reconcile a release now: Flux controllers
+/// reconcile again whenever this annotation's value changes.
+pub const RECONCILE_REQUESTED_AT_ANNOTATION: &str = "reconcile.fluxcd.io/requestedAt";
+
+/// Every annotation flux-plunger may write on a HelmRelease. The chart's
+/// admission guard lets flux-plunger's ServiceAccounts change these and no
+/// other annotation (`chart/templates/_helpers.tpl`; the contract tests
+/// compare the two lists).
+pub const OWN_ANNOTATIONS: &[&str] = &[
+    PROCESSED_VERSION_ANNOTATION,
+    PROCESSED_BELOW_UID_ANNOTATION,
+    RECONCILE_REQUESTED_AT_ANNOTATION,
+];
+
+/// Every label flux-plunger may write on a HelmRelease (none): the admission
+/// guard lets it change no label but these, as for [`OWN_ANNOTATIONS`].
+pub const OWN_LABELS: &[&str] = &[];
+
 /// Per-release opt-out: `disabled` keeps flux-plunger from starting a
 /// recovery of this release (it still releases its own fence and suspension).
 pub const RECOVER_ANNOTATION: &str = "flux-plunger.cozystack.io/recover";
