@@ -177,9 +177,9 @@ hook_rbac_yaml() {
     --show-only templates/hook-role.yaml --show-only templates/hook-rolebinding.yaml
 }
 
-# The hook's ServiceAccount and RBAC exactly as the chart renders them, and a
-# kubeconfig with a token of that ServiceAccount (TokenRequest) in
-# $HOOK_KUBECONFIG.
+# The hook's ServiceAccount and RBAC exactly as the chart renders them, under
+# the chart's admission guard, and a kubeconfig with a token of that
+# ServiceAccount (TokenRequest) in $HOOK_KUBECONFIG.
 hook_identity() {
   grant_back
   local server ca token
@@ -195,6 +195,37 @@ users: [{name: hook, user: {token: "$token"}}]
 contexts: [{name: local, context: {cluster: local, user: hook}}]
 current-context: local
 EOF
+  admission_guard
+}
+
+# The chart's admission guard for this test's release (rendered for the local
+# apiserver, which serves the API it needs, as its discovery tells helm
+# install), in force before the hook runs: until it is, the hook's dry-run
+# delete of a Lease that is not its own passes; then the guard refuses it.
+admission_guard() {
+  local refused=""
+  chart_render --api-versions admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy \
+    --show-only templates/admission-policy.yaml \
+    --show-only templates/admission-policy-binding.yaml |
+    k apply --server-side --field-manager=helm -f - >/dev/null
+  k apply -n "$NS" -f - >/dev/null <<EOF
+apiVersion: coordination.k8s.io/v1
+kind: Lease
+metadata:
+  name: admission-guard-probe
+EOF
+  for _ in $(seq 1 600); do
+    if ! KUBECONFIG=$HOOK_KUBECONFIG k delete lease admission-guard-probe -n "$NS" --dry-run=server \
+      >/dev/null 2>"$BATS_TEST_TMPDIR/guard-probe.err" &&
+      grep -qF "ValidatingAdmissionPolicy '$FULLNAME'" "$BATS_TEST_TMPDIR/guard-probe.err"; then
+      refused=yes
+      break
+    fi
+    sleep 0.1
+  done
+  [ -n "$refused" ] && return 0
+  echo "the admission guard was not in force within 60 s: $(cat "$BATS_TEST_TMPDIR/guard-probe.err")" >&2
+  return 1
 }
 
 # Applies the chart's hook RBAC again: what deny took away is given back.

@@ -66,6 +66,23 @@ impl Setup {
         succeeded(self.helm(&args)?, "helm install")
     }
 
+    /// Waits until the apiserver enforces the admission guard the chart
+    /// installed (its ValidatingAdmissionPolicy is named like the chart's
+    /// other objects), probing as the chart's controller ServiceAccount.
+    pub async fn wait_for_guard(&self) -> Result<()> {
+        let plane = control_plane();
+        let controller = plane
+            .service_account_client(&self.ns.client, &self.ns.name, &self.fullname())
+            .await?;
+        testkit::guard::wait_enforced(
+            &self.ns.client,
+            &controller,
+            &self.ns.name,
+            &self.fullname(),
+        )
+        .await
+    }
+
     /// `kubectl ARGS -f -` with `stdin`.
     pub fn kubectl_stdin(&self, args: &[&str], stdin: &str) -> Result<Output> {
         let mut child = Command::new(tool("kubectl")?)

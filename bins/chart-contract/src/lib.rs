@@ -35,17 +35,7 @@ pub fn values_file(name: &str) -> PathBuf {
         .join(name)
 }
 
-/// `_out/bin/helm`, with its plugins, cache and config under `_out/helm` as
-/// the Makefile sets them, so that a test never writes to `$HOME`.
-pub fn helm() -> Result<Command> {
-    let mut cmd = Command::new(testkit::control_plane::tool("helm")?);
-    let home = testkit::control_plane::out_dir().join("helm");
-    cmd.env("HELM_PLUGINS", home.join("plugins"))
-        .env("HELM_CACHE_HOME", home.join("cache"))
-        .env("HELM_CONFIG_HOME", home.join("config"))
-        .env("HELM_DATA_HOME", home.join("data"));
-    Ok(cmd)
-}
+pub use testkit::control_plane::helm;
 
 /// One `helm template` invocation of the chart.
 #[derive(Debug, Clone)]
@@ -82,6 +72,13 @@ impl Render {
     pub fn values(self, name: &str) -> Self {
         let path = values_file(name);
         self.arg("-f").arg(path.display().to_string())
+    }
+
+    /// Renders as for a cluster that serves ValidatingAdmissionPolicy
+    /// (helm's discovery would say so): with the admission guard.
+    pub fn serving_admission_policies(self) -> Self {
+        self.arg("--api-versions")
+            .arg(testkit::guard::ADMISSION_POLICY_API)
     }
 
     /// Renders as if for this Kubernetes version.
@@ -208,18 +205,20 @@ pub fn granted_permissions(
     granted
 }
 
-/// Fails unless the apiserver refused `user` nothing and `user` used every
-/// permission the rendered roles (hook or not) grant, and no other. RBAC
-/// only adds up and no two of the chart's rules grant the same permission,
-/// so dropping any rule (or verb) would refuse a request the caller's
-/// scenario needs: each rule is needed, and none is granted unused.
+/// Fails unless, since `offset` of the audit log ([`testkit::audit::mark`]),
+/// the apiserver refused `user` nothing and `user` used every permission the
+/// rendered roles (hook or not) grant, and no other. RBAC only adds up and
+/// no two of the chart's rules grant the same permission, so dropping any
+/// rule (or verb) would refuse a request the caller's scenario needs: each
+/// rule is needed, and none is granted unused.
 pub fn check_uses_exactly_what_is_granted(
     user: &str,
     manifests: &Manifests,
     hook: bool,
+    offset: u64,
 ) -> Result<()> {
     use testkit::audit;
-    let requests = audit::requests_by(user)?;
+    let requests = audit::requests_by_since(user, offset)?;
     let refused: Vec<String> = audit::refused(&requests)
         .iter()
         .map(|r| format!("{} in {:?}", r.permission, r.namespace))

@@ -50,6 +50,21 @@ async fn helm_install_creates_the_controller_s_objects_and_none_of_the_hook_s() 
     Api::<Role>::namespaced(client.clone(), ns)
         .get(&fullname)
         .await?;
+    // The admission guard: helm's discovery of this apiserver (1.36) finds
+    // the API it needs.
+    for (kind, plural) in [
+        ("ValidatingAdmissionPolicy", "validatingadmissionpolicies"),
+        (
+            "ValidatingAdmissionPolicyBinding",
+            "validatingadmissionpolicybindings",
+        ),
+    ] {
+        let resource = testkit::fixtures::vap_resource(kind, plural);
+        Api::<kube::api::DynamicObject>::all_with(client.clone(), &resource)
+            .get(&fullname)
+            .await
+            .with_context(|| format!("the chart's {kind}"))?;
+    }
 
     let hook = format!("{fullname}-pre-delete");
     assert!(not_found(
@@ -72,14 +87,15 @@ async fn helm_install_creates_the_controller_s_objects_and_none_of_the_hook_s() 
 #[tokio::test]
 async fn the_apiserver_accepts_every_rendered_object_in_a_server_side_dry_run() -> Result<()> {
     let setup = Setup::new("chart-dry-run").await?;
+    // With the admission guard: this control plane serves its API.
+    let render = || setup.render().serving_admission_policies();
     for render in [
-        setup.render(),
+        render(),
         // Everything but the ServiceMonitor, whose CRD this control plane lacks.
-        setup
-            .render()
+        render()
             .values("everything.yaml")
             .set("metrics.serviceMonitor.enabled=false"),
-        setup.render().values("shortest-grace-no-hook.yaml"),
+        render().values("shortest-grace-no-hook.yaml"),
     ] {
         let yaml = render.yaml()?;
         let count = Manifests::parse(&yaml)?.0.len();

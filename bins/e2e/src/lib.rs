@@ -257,7 +257,8 @@ pub struct FluxPlunger {
 
 impl FluxPlunger {
     /// Starts `target/<profile>/flux-plunger` (`make e2e` builds it) watching
-    /// only `ns`, without leader election, and waits for its readiness probe.
+    /// only `ns`, without leader election, as the chart's ServiceAccount under
+    /// the chart's admission guard, and waits for its readiness probe.
     pub async fn start(ns: &TestNamespace) -> Result<Self> {
         Self::start_with_env(ns, &[]).await
     }
@@ -268,15 +269,16 @@ impl FluxPlunger {
         ns: &TestNamespace,
         env: &[(&str, &std::path::Path)],
     ) -> Result<Self> {
-        use testkit::control_plane::{AuthInfo, control_plane, free_ports, workspace_binary};
+        use testkit::control_plane::{free_ports, workspace_binary};
         let binary = workspace_binary("flux-plunger")?;
         // The supervisor removes the directory once flux-plunger stopped.
         let dir = tempfile::Builder::new()
             .prefix("flux-plunger-e2e-")
             .tempdir()?
             .keep();
+        // The chart's ServiceAccount, under the chart's admission guard.
         let kubeconfig = dir.join("kubeconfig");
-        control_plane().write_kubeconfig(&kubeconfig, &AuthInfo::AdminCertificate)?;
+        testkit::guard::shared()?.write_controller_kubeconfig(&kubeconfig)?;
         let log = dir.join("flux-plunger.log");
         let [metrics, health] = free_ports()?;
         let args = vec![

@@ -16,7 +16,8 @@ use plunger::lease::{Attempt, LeaseLock};
 use plunger::reconcile::Step;
 use plunger::release::ReleaseView;
 use serde_json::json;
-use testkit::crash::{PauseGate, Settled, admin_kubeconfig, free_ports, kill9, release_words};
+use testkit::crash::{PauseGate, Settled, free_ports, kill9, release_words};
+use testkit::guard::Guarded;
 use testkit::process::LoggedProcess;
 use testkit::{SimulatedHelmController, TestNamespace, control_plane};
 use tokio::process::Command;
@@ -124,11 +125,12 @@ async fn crash_at(case: &Case) -> Result<()> {
     // its finalizer; only the fence holds the release.
     hc.handle("deleted").await?;
     lead(&ns).await?;
+    let guarded = ns.guarded().await?;
     let (helm_controller, stop) = hc.clone().spawn(Duration::from_millis(200));
 
     let gate = PauseGate::new()?;
     let point = case.point;
-    let mut first = start_drain(&ns, &gate.env(&[point])).await?;
+    let mut first = start_drain(&ns, &guarded, &gate.env(&[point])).await?;
     first.process.sigterm()?;
     gate.wait_reached(point, &mut first.process.child).await?;
     let state = observe(&ns).await?;
@@ -145,7 +147,7 @@ async fn crash_at(case: &Case) -> Result<()> {
     };
     let outcome = match case.then {
         Then::SecondDrain => {
-            let mut second = start_drain(&ns, &[]).await?;
+            let mut second = start_drain(&ns, &guarded, &[]).await?;
             let status = second.process.terminate(Duration::from_secs(150)).await?;
             let log = second.process.log();
             anyhow::ensure!(status.success(), "the second drain failed: {status}\n{log}");
@@ -156,7 +158,7 @@ async fn crash_at(case: &Case) -> Result<()> {
             settled.wait(&ns, &hc, None).await
         }
         Then::Controller => {
-            let mut controller = start_controller(&ns)?;
+            let mut controller = start_controller(&ns, &guarded)?;
             settled
                 .wait(&ns, &hc, Some(&mut controller.process.child))
                 .await
@@ -188,11 +190,17 @@ struct Running {
     _dir: tempfile::TempDir,
 }
 
-/// Starts the sidecar of pod [`POD`], one release at a time, and waits until
-/// it idles, its signal handlers installed.
-async fn start_drain(ns: &TestNamespace, env: &[(&str, String)]) -> Result<Running> {
+/// Starts the sidecar of pod [`POD`], one release at a time, as the chart
+/// installed in `ns` runs it (`guarded`), and waits until it idles, its
+/// signal handlers installed.
+async fn start_drain(
+    ns: &TestNamespace,
+    guarded: &Guarded,
+    env: &[(&str, String)],
+) -> Result<Running> {
     let dir = tempfile::tempdir()?;
-    let kubeconfig = admin_kubeconfig(dir.path())?;
+    let kubeconfig = dir.path().join("kubeconfig");
+    guarded.write_controller_kubeconfig(&kubeconfig)?;
     let mut command = Command::new(env!("CARGO_BIN_EXE_flux-plunger-drain"));
     command
         .arg(format!("--kubeconfig={}", kubeconfig.display()))
@@ -211,9 +219,10 @@ async fn start_drain(ns: &TestNamespace, env: &[(&str, String)]) -> Result<Runni
 }
 
 /// The controller of the next pod, scoped to the test's namespace.
-fn start_controller(ns: &TestNamespace) -> Result<Running> {
+fn start_controller(ns: &TestNamespace, guarded: &Guarded) -> Result<Running> {
     let dir = tempfile::tempdir()?;
-    let kubeconfig = admin_kubeconfig(dir.path())?;
+    let kubeconfig = dir.path().join("kubeconfig");
+    guarded.write_controller_kubeconfig(&kubeconfig)?;
     let binary = testkit::control_plane::workspace_binary("flux-plunger")?;
     let [metrics, health] = free_ports()?;
     let mut command = Command::new(binary);

@@ -9,7 +9,6 @@ use plunger::lease::{Attempt, LeaseLock};
 use plunger::names::HELM_CONTROLLER_FINALIZER;
 use plunger::release::ReleaseView;
 use serde_json::json;
-use testkit::control_plane::AuthInfo;
 use testkit::process::LoggedProcess;
 use testkit::{Handled, SimulatedHelmController, TestNamespace, control_plane};
 use tokio::process::Command;
@@ -21,18 +20,22 @@ struct Sidecar {
     _dir: tempfile::TempDir,
 }
 
-/// Starts the sidecar and waits until it idles, signal handlers installed.
-async fn start(ns: &str, grace: &str) -> Result<Sidecar> {
+/// Starts the sidecar as the chart installed in `ns` runs it (its
+/// ServiceAccount, its admission guard, its Lease) and waits until it idles,
+/// signal handlers installed.
+async fn start(ns: &TestNamespace, grace: &str) -> Result<Sidecar> {
     let dir = tempfile::tempdir()?;
     let kubeconfig = dir.path().join("kubeconfig");
-    control_plane().write_kubeconfig(&kubeconfig, &AuthInfo::AdminCertificate)?;
+    ns.guarded()
+        .await?
+        .write_controller_kubeconfig(&kubeconfig)?;
     let mut command = Command::new(env!("CARGO_BIN_EXE_flux-plunger-drain"));
     command
         .arg(format!("--kubeconfig={}", kubeconfig.display()))
         .arg(format!("--shutdown-grace-period-seconds={grace}"))
         .arg("--log-encoding=console")
         .env("POD_NAME", POD)
-        .env("POD_NAMESPACE", ns)
+        .env("POD_NAMESPACE", &ns.name)
         .env_remove("RUST_LOG");
     let process = LoggedProcess::spawn(command, "drain")?;
     process
@@ -120,7 +123,7 @@ async fn a_drain_releases_live_fences_and_leaves_foreign_suspensions_alone() -> 
     ns.apply_as_flux_plunger("foreign", false).await?;
     lead(&ns, POD).await?;
 
-    let sidecar = start(&ns.name, "90").await?;
+    let sidecar = start(&ns, "90").await?;
     let (status, log, took) = sidecar.terminate().await?;
 
     assert!(status.success(), "{status:?}");
@@ -158,7 +161,7 @@ async fn a_drain_carries_a_deleted_release_through_the_uninstall() -> Result<()>
     lead(&ns, POD).await?;
     let (helm_controller, stop) = hc.clone().spawn(Duration::from_millis(300));
 
-    let sidecar = start(&ns.name, "90").await?;
+    let sidecar = start(&ns, "90").await?;
     let (status, log, _) = sidecar.terminate().await?;
     stop.store(true, std::sync::atomic::Ordering::SeqCst);
     helm_controller.await?;
@@ -186,7 +189,7 @@ async fn when_helm_controller_never_answers_the_fence_outlives_the_deadline() ->
     lead(&ns, POD).await?;
 
     // G = 40 s: the drain deadline is 15 s.
-    let sidecar = start(&ns.name, "40").await?;
+    let sidecar = start(&ns, "40").await?;
     let (status, log, took) = sidecar.terminate().await?;
 
     assert!(
@@ -229,7 +232,7 @@ async fn a_pod_that_never_led_does_not_drain() -> Result<()> {
     lead(&ns, "another-pod").await?;
     let before = ns.releases().get("web").await?;
 
-    let sidecar = start(&ns.name, "90").await?;
+    let sidecar = start(&ns, "90").await?;
     let (status, log, _) = sidecar.terminate().await?;
 
     assert!(status.success());
@@ -260,7 +263,7 @@ async fn a_lease_that_ran_out_while_nobody_took_it_is_still_drained() -> Result<
         )
         .await?;
 
-    let sidecar = start(&ns.name, "90").await?;
+    let sidecar = start(&ns, "90").await?;
     let (status, log, _) = sidecar.terminate().await?;
 
     assert!(status.success());

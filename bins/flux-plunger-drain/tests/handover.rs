@@ -2,17 +2,18 @@
 //! second never writes while the first leads or drains, and leads within
 //! seconds once the first drain has handed the Lease over (SPEC §6). Who
 //! wrote what, and when, is read from the apiserver's audit log: each pod
-//! runs under a ServiceAccount of its own.
+//! runs under a ServiceAccount of its own, the chart's installed as a release
+//! of its own in the namespace, held by that release's admission guard.
 
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
-use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::api::{DeleteParams, Patch, PatchParams};
 use plunger::names::{FENCE_FINALIZER, FIELD_MANAGER, HELMRELEASE_API_VERSION, HELMRELEASE_KIND};
 use serde_json::json;
 use testkit::audit::{self, AuditedRequest};
 use testkit::control_plane::workspace_binary;
+use testkit::guard::Guarded;
 use testkit::process::LoggedProcess;
 use testkit::{Handled, SimulatedHelmController, TestNamespace, control_plane, eventually};
 use tokio::process::Command;
@@ -38,11 +39,14 @@ struct Pod {
     drain: LoggedProcess,
 }
 
-async fn start_pod(ns: &TestNamespace, pod: &str, dir: &std::path::Path) -> Result<Pod> {
+async fn start_pod(
+    ns: &TestNamespace,
+    pod: &str,
+    guarded: &Guarded,
+    dir: &std::path::Path,
+) -> Result<Pod> {
     let kubeconfig = dir.join(format!("{pod}.kubeconfig"));
-    control_plane()
-        .write_service_account_kubeconfig(&ns.client, &ns.name, pod, &kubeconfig)
-        .await?;
+    guarded.write_controller_kubeconfig(&kubeconfig)?;
     let common = vec![
         format!("--kubeconfig={}", kubeconfig.display()),
         "--log-encoding=console".to_owned(),
@@ -73,14 +77,15 @@ async fn start_pod(ns: &TestNamespace, pod: &str, dir: &std::path::Path) -> Resu
     Ok(Pod { controller, drain })
 }
 
-/// The successful writes of `pod`'s ServiceAccount in `ns` (HelmReleases,
-/// Secrets, its Lease, events), in the order the apiserver logged them.
-fn writes_by(ns: &str, pod: &str) -> Result<Vec<AuditedRequest>> {
-    let user = audit::service_account_user(ns, pod);
-    Ok(audit::requests_by(&user)?
-        .into_iter()
-        .filter(|r| r.is_write() && r.succeeded())
-        .collect())
+/// The successful writes of a pod's ServiceAccount (HelmReleases, Secrets,
+/// its Lease, events) since `offset`, in the order the apiserver logged them.
+fn writes_by(guarded: &Guarded, offset: u64) -> Result<Vec<AuditedRequest>> {
+    Ok(
+        audit::requests_by_since(&guarded.controller_user(), offset)?
+            .into_iter()
+            .filter(|r| r.is_write() && r.succeeded())
+            .collect(),
+    )
 }
 
 async fn stuck(ns: &TestNamespace, hc: &SimulatedHelmController, name: &str) -> Result<()> {
@@ -98,18 +103,20 @@ async fn the_next_pod_writes_only_after_the_first_pods_drain_and_leads_seconds_l
     let client = control_plane().client().await?;
     let ns = TestNamespace::create(&client, "handover").await?;
     let hc = SimulatedHelmController::new(client.clone(), &ns.name);
-    let binding = control_plane()
-        .grant_cluster_admin(&client, &ns.name, &["pod-a", "pod-b"])
-        .await?;
+    // Both releases' guards allow the same Lease, the binaries' default.
+    let pod_a = Guarded::install(&client, &ns.name, &format!("{}-a", ns.name)).await?;
+    let pod_b = Guarded::install(&client, &ns.name, &format!("{}-b", ns.name)).await?;
+    // The pods' writes, not the probes that saw their guards in force.
+    let offset = audit::mark();
     let dir = tempfile::tempdir()?;
 
-    let mut a = start_pod(&ns, "pod-a", dir.path()).await?;
+    let mut a = start_pod(&ns, "pod-a", &pod_a, dir.path()).await?;
     eventually(Duration::from_secs(20), "pod-a leads", || {
         let led = a.controller.logged("became the leader");
         async move { Ok(led) }
     })
     .await?;
-    let mut b = start_pod(&ns, "pod-b", dir.path()).await?;
+    let mut b = start_pod(&ns, "pod-b", &pod_b, dir.path()).await?;
     eventually(Duration::from_secs(20), "pod-b waits for the Lease", || {
         let waiting = b.controller.logged("waiting for the leader Lease");
         async move { Ok(waiting) }
@@ -179,8 +186,8 @@ async fn the_next_pod_writes_only_after_the_first_pods_drain_and_leads_seconds_l
     stop.store(true, std::sync::atomic::Ordering::SeqCst);
     helm_controller.await?;
 
-    let a_writes = writes_by(&ns.name, "pod-a")?;
-    let b_writes = writes_by(&ns.name, "pod-b")?;
+    let a_writes = writes_by(&pod_a, offset)?;
+    let b_writes = writes_by(&pod_b, offset)?;
     let handover = a_writes
         .iter()
         .filter(|r| r.verb == "update" && r.resource() == "leases")
@@ -221,8 +228,5 @@ async fn the_next_pod_writes_only_after_the_first_pods_drain_and_leads_seconds_l
             .success()
     );
     assert!(b.drain.terminate(Duration::from_secs(120)).await?.success());
-    Api::<ClusterRoleBinding>::all(client)
-        .delete(&binding, &DeleteParams::default())
-        .await?;
     Ok(())
 }

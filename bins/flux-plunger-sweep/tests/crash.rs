@@ -17,13 +17,14 @@ use plunger::lease::{Attempt, LeaseLock};
 use plunger::release::ReleaseView;
 use plunger::test_hooks::SweepStep;
 use serde_json::json;
-use testkit::crash::{PauseGate, Settled, admin_kubeconfig, kill9, release_words};
+use testkit::crash::{PauseGate, Settled, kill9, release_words};
+use testkit::guard::Guarded;
 use testkit::process::LoggedProcess;
 use testkit::{SimulatedHelmController, TestNamespace, control_plane};
 use tokio::process::Command;
 
-const DEPLOYMENT: &str = "flux-plunger";
-const LEASE: &str = "flux-plunger";
+/// The Lease the chart's guard allows the hook to remove.
+const LEASE: &str = testkit::guard::LEASE;
 
 /// The releases, in the order the hook meets them: one suspended by us with
 /// the fence, one with a bare fence, one deleted and uninstalled (the fence
@@ -92,14 +93,17 @@ async fn crash_at(case: &Case) -> Result<()> {
     let _turn = testkit::cluster_wide_turn().await;
     let client = control_plane().client().await?;
     let ns = TestNamespace::create(&client, "sweep-crash").await?;
+    // The chart installed in this namespace: the hook's ServiceAccount under
+    // the chart's admission guard, which allows it this Deployment and Lease.
+    let guarded = ns.guarded().await?;
     let hc = SimulatedHelmController::new(client.clone(), &ns.name);
-    arrange(&ns, &hc).await?;
+    arrange(&ns, &guarded, &hc).await?;
 
     let gate = PauseGate::new()?;
     let point = case.point;
-    let (mut first, _dir) = start_hook(&ns, &gate.env(&[point]))?;
+    let (mut first, _dir) = start_hook(&ns, &guarded, &gate.env(&[point]))?;
     gate.wait_reached(point, &mut first.child).await?;
-    let state = observe(&ns).await?;
+    let state = observe(&ns, &guarded).await?;
     kill9(&mut first.child).await?;
     assert_eq!(
         state, case.at_kill,
@@ -128,7 +132,10 @@ async fn crash_at(case: &Case) -> Result<()> {
             fenced.push(name);
         }
     }
-    let mut expected = vec![format!("scaled Deployment {}/{DEPLOYMENT} to 0", ns.name)];
+    let mut expected = vec![format!(
+        "scaled Deployment {}/{} to 0",
+        ns.name, guarded.deployment
+    )];
     for name in &fenced {
         expected.push(if *name == PENDING {
             format!("released {}/{name} WITHOUT an uninstall: it was being deleted and helm-controller had not uninstalled it; its resources may be left", ns.name)
@@ -147,13 +154,13 @@ async fn crash_at(case: &Case) -> Result<()> {
     }
     expected.push("every fence was released".to_owned());
 
-    let (status, stdout, stderr) = rerun_hook(&ns).await?;
+    let (status, stdout, stderr) = rerun_hook(&ns, &guarded).await?;
     assert!(
         status.success(),
         "the rerun failed: {status}\n{stdout}\n{stderr}"
     );
     assert_eq!(stdout.lines().collect::<Vec<_>>(), expected, "{stderr}");
-    assert_eq!(replicas(&ns).await?, 0);
+    assert_eq!(replicas(&ns, &guarded).await?, 0);
     assert!(
         leases.get_opt(LEASE).await?.is_none(),
         "the Lease is removed"
@@ -176,13 +183,17 @@ async fn crash_at(case: &Case) -> Result<()> {
 
 /// The Deployment (replicas 1, no pod: nothing runs pods here), the Lease,
 /// and the four releases.
-async fn arrange(ns: &TestNamespace, hc: &SimulatedHelmController) -> Result<()> {
+async fn arrange(
+    ns: &TestNamespace,
+    guarded: &Guarded,
+    hc: &SimulatedHelmController,
+) -> Result<()> {
     let labels = BTreeMap::from([(
         "app.kubernetes.io/name".to_owned(),
         "flux-plunger".to_owned(),
     )]);
     let deployment: Deployment = serde_json::from_value(json!({
-        "metadata": {"name": DEPLOYMENT},
+        "metadata": {"name": guarded.deployment},
         "spec": {
             "replicas": 1,
             "selector": {"matchLabels": labels},
@@ -220,13 +231,13 @@ async fn arrange(ns: &TestNamespace, hc: &SimulatedHelmController) -> Result<()>
 }
 
 /// The Deployment's replicas, the Lease, and the first and last releases, in words.
-async fn observe(ns: &TestNamespace) -> Result<String> {
+async fn observe(ns: &TestNamespace, guarded: &Guarded) -> Result<String> {
     let lease = Api::<Lease>::namespaced(ns.client.clone(), &ns.name)
         .get_opt(LEASE)
         .await?;
     let mut parts = vec![format!(
         "replicas {}, {}",
-        replicas(ns).await?,
+        replicas(ns, guarded).await?,
         if lease.is_some() { "lease" } else { "no lease" }
     )];
     for name in [SUSPENDED, PENDING] {
@@ -237,45 +248,51 @@ async fn observe(ns: &TestNamespace) -> Result<String> {
     Ok(parts.join("; "))
 }
 
-async fn replicas(ns: &TestNamespace) -> Result<i32> {
+async fn replicas(ns: &TestNamespace, guarded: &Guarded) -> Result<i32> {
     let deployment = Api::<Deployment>::namespaced(ns.client.clone(), &ns.name)
-        .get(DEPLOYMENT)
+        .get(&guarded.deployment)
         .await?;
     Ok(deployment.spec.and_then(|s| s.replicas).unwrap_or(1))
 }
 
-fn hook_command(ns: &TestNamespace, kubeconfig: &std::path::Path) -> Command {
+/// The hook as the chart's Job runs it, under its ServiceAccount (`guarded`),
+/// whose kubeconfig it writes into `dir`.
+fn hook_command(ns: &TestNamespace, guarded: &Guarded, dir: &std::path::Path) -> Result<Command> {
+    let kubeconfig = dir.join("kubeconfig");
+    guarded.write_hook_kubeconfig(&kubeconfig)?;
     let mut command = Command::new(env!("CARGO_BIN_EXE_flux-plunger-sweep"));
     command
         .arg("hook")
         .arg(format!("--kubeconfig={}", kubeconfig.display()))
         .arg(format!("--namespace={}", ns.name))
-        .arg(format!("--deployment={DEPLOYMENT}"))
+        .arg(format!("--deployment={}", guarded.deployment))
         .arg(format!("--leader-election-lease-name={LEASE}"))
         .arg("--log-encoding=console")
         .env_remove("RUST_LOG");
-    command
+    Ok(command)
 }
 
 /// The hook run that is killed; its log is shown if the test fails.
 fn start_hook(
     ns: &TestNamespace,
+    guarded: &Guarded,
     env: &[(&str, String)],
 ) -> Result<(LoggedProcess, tempfile::TempDir)> {
     let dir = tempfile::tempdir()?;
-    let kubeconfig = admin_kubeconfig(dir.path())?;
-    let mut command = hook_command(ns, &kubeconfig);
+    let mut command = hook_command(ns, guarded, dir.path())?;
     command.envs(env.iter().map(|(k, v)| (*k, v.as_str())));
     Ok((LoggedProcess::spawn(command, "sweep")?, dir))
 }
 
 /// The rerun: its exit status, report (stdout) and log (stderr).
-async fn rerun_hook(ns: &TestNamespace) -> Result<(std::process::ExitStatus, String, String)> {
+async fn rerun_hook(
+    ns: &TestNamespace,
+    guarded: &Guarded,
+) -> Result<(std::process::ExitStatus, String, String)> {
     let dir = tempfile::tempdir()?;
-    let kubeconfig = admin_kubeconfig(dir.path())?;
     let output = tokio::time::timeout(
         Duration::from_secs(240),
-        hook_command(ns, &kubeconfig).output(),
+        hook_command(ns, guarded, dir.path())?.output(),
     )
     .await
     .context("the rerun did not end")??;

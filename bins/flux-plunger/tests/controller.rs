@@ -9,7 +9,8 @@ use kube::api::Api;
 use plunger::names::PROCESSED_VERSION_ANNOTATION;
 use plunger::release::ReleaseView;
 use serde_json::json;
-use testkit::control_plane::{AuthInfo, free_ports};
+use testkit::control_plane::free_ports;
+use testkit::guard::{self, Guarded};
 use testkit::{Handled, SimulatedHelmController, TestNamespace, control_plane, eventually};
 use tokio::process::{Child, Command};
 
@@ -20,10 +21,12 @@ struct Running {
     _dir: tempfile::TempDir,
 }
 
-async fn start(extra: &[&str], env: &[(&str, &str)]) -> Result<Running> {
+/// Starts the controller as the chart's ServiceAccount `guarded.controller`,
+/// under the chart's admission guard.
+async fn start(guarded: &Guarded, extra: &[&str], env: &[(&str, &str)]) -> Result<Running> {
     let dir = tempfile::tempdir()?;
     let kubeconfig = dir.path().join("kubeconfig");
-    control_plane().write_kubeconfig(&kubeconfig, &AuthInfo::AdminCertificate)?;
+    guarded.write_controller_kubeconfig(&kubeconfig)?;
     let [metrics, health] = free_ports()?;
     let mut command = Command::new(env!("CARGO_BIN_EXE_flux-plunger"));
     command
@@ -91,6 +94,7 @@ async fn the_controller_recovers_a_stuck_release_and_counts_it() -> Result<()> {
     // Scoped: the recovery count below must not include stuck releases that
     // other tests of this binary leave behind.
     let running = start(
+        guard::shared()?,
         &[
             "--leader-elect=false",
             "--concurrent=2",
@@ -133,7 +137,10 @@ async fn on_sigterm_the_leader_stops_within_ten_seconds_and_keeps_its_lease() ->
     let _turn = testkit::cluster_wide_turn().await;
     let client = control_plane().client().await?;
     let ns = TestNamespace::create(&client, "sigterm").await?;
+    // Its Lease is in this namespace: the chart installed here allows it.
+    let guarded = ns.guarded().await?;
     let mut running = start(
+        &guarded,
         &[
             "--leader-elect=true",
             "--leader-election-lease-name=flux-plunger",
@@ -177,7 +184,7 @@ async fn on_sigterm_the_leader_stops_within_ten_seconds_and_keeps_its_lease() ->
 #[tokio::test]
 async fn leader_election_without_a_namespace_is_refused_with_the_flag_named() -> Result<()> {
     let _turn = testkit::cluster_wide_turn().await;
-    let mut running = start(&["--leader-elect=true"], &[]).await?;
+    let mut running = start(guard::shared()?, &["--leader-elect=true"], &[]).await?;
     let status = tokio::time::timeout(Duration::from_secs(15), running.child.wait()).await??;
     assert_eq!(status.code(), Some(1));
     Ok(())
@@ -190,6 +197,7 @@ async fn a_scoped_controller_recovers_only_the_namespaces_and_labels_it_watches(
     let watched = TestNamespace::create(&client, "scope-in").await?;
     let other = TestNamespace::create(&client, "scope-out").await?;
     let running = start(
+        guard::shared()?,
         &[
             "--leader-elect=false",
             &format!("--watch-namespace={}", watched.name),
@@ -267,6 +275,7 @@ async fn a_delete_while_the_process_holds_its_suspension_still_reaches_the_unins
     // at the first recovery that reaches it, and stuck releases other tests
     // leave behind must not be the one that takes it.
     let running = start(
+        guard::shared()?,
         &[
             "--leader-elect=false",
             &format!("--watch-namespace={}", ns.name),

@@ -24,7 +24,7 @@ use plunger::names::{
 use plunger::reconcile::Step;
 use plunger::release::ReleaseView;
 use serde_json::json;
-use testkit::crash::{PauseGate, Settled, admin_kubeconfig, free_ports, kill9, release_words};
+use testkit::crash::{PauseGate, Settled, free_ports, kill9, release_words};
 use testkit::process::LoggedProcess;
 use testkit::{Handled, SimulatedHelmController, TestNamespace, control_plane};
 use tokio::process::Command;
@@ -280,7 +280,8 @@ async fn observe(ns: &TestNamespace) -> Result<String> {
 /// `env` added; its log is shown when the test fails.
 fn start(ns: &TestNamespace, env: &[(&str, String)]) -> Result<Controller> {
     let dir = tempfile::tempdir()?;
-    let kubeconfig = admin_kubeconfig(dir.path())?;
+    let kubeconfig = dir.path().join("kubeconfig");
+    testkit::guard::shared()?.write_controller_kubeconfig(&kubeconfig)?;
     let [metrics, health] = free_ports()?;
     let mut command = Command::new(env!("CARGO_BIN_EXE_flux-plunger"));
     command

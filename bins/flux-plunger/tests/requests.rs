@@ -6,15 +6,11 @@
 use std::time::Duration;
 
 use anyhow::Result;
-use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
-use kube::api::{Api, DeleteParams};
 use serde_json::json;
 use testkit::audit;
 use testkit::process::LoggedProcess;
 use testkit::{TestNamespace, control_plane, eventually};
 use tokio::process::Command;
-
-const ACCOUNT: &str = "flux-plunger";
 
 /// `(verb, resource)` of every request `user` sent since `offset` of the
 /// audit log, in the order the apiserver logged them.
@@ -31,15 +27,13 @@ async fn a_recovery_sends_the_requests_of_its_steps_and_its_event_and_nothing_mo
     let plane = control_plane();
     let admin = plane.client().await?;
     let ns = TestNamespace::create(&admin, "requests").await?;
-    // An identity of its own, so the audit log tells its requests apart.
-    let binding = plane
-        .grant_cluster_admin(&admin, &ns.name, &[ACCOUNT])
-        .await?;
+    // The chart's ServiceAccount under its admission guard: the audit log
+    // tells its requests apart, and the guard refuses none of them.
+    let guarded = testkit::guard::shared()?;
     let dir = tempfile::tempdir()?;
     let kubeconfig = dir.path().join("kubeconfig");
-    let username = plane
-        .write_service_account_kubeconfig(&admin, &ns.name, ACCOUNT, &kubeconfig)
-        .await?;
+    guarded.write_controller_kubeconfig(&kubeconfig)?;
+    let username = guarded.controller_user();
 
     ns.create_release("web", json!({})).await?;
     ns.create_storage_secret("web", 1, "superseded").await?;
@@ -90,8 +84,5 @@ async fn a_recovery_sends_the_requests_of_its_steps_and_its_event_and_nothing_mo
     .map(|(v, r)| ((*v).to_owned(), (*r).to_owned()))
     .collect();
     assert_eq!(sent, expected);
-    Api::<ClusterRoleBinding>::all(admin)
-        .delete(&binding, &DeleteParams::default())
-        .await?;
     Ok(())
 }

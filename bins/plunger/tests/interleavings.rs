@@ -307,8 +307,13 @@ async fn run(scenario: Scenario) -> Result<RunResult> {
     let stuck_secret = plunger::names::storage_secret_name(NAME, 2);
     let secrets_before = secret_names(&ns).await?;
 
-    let proxy =
-        FaultProxy::in_front_of_control_plane(scenario.fault_plan(scenario.fault_level, 0)).await?;
+    // flux-plunger's requests go as the chart's ServiceAccount, under the
+    // chart's admission guard.
+    let proxy = FaultProxy::forwarding_as(
+        &testkit::guard::shared()?.controller_kubeconfig(),
+        scenario.fault_plan(scenario.fault_level, 0),
+    )
+    .await?;
     // helm-controller meets faults of its own; its decisions go to the same
     // journal, and the checks read the world directly.
     let hc_proxy = FaultProxy::in_front_of_control_plane(

@@ -23,7 +23,11 @@ use testkit::{Handled, SimulatedHelmController, TestNamespace, audit, control_pl
 
 struct World {
     ns: TestNamespace,
+    /// The admin: the test's own arrangements.
     client: Client,
+    /// flux-plunger: the chart's ServiceAccount, under the chart's admission
+    /// guard.
+    flux_plunger: Client,
     hc: SimulatedHelmController,
 }
 
@@ -31,14 +35,20 @@ async fn world(prefix: &str) -> Result<World> {
     let client = control_plane().client().await?;
     let ns = TestNamespace::create(&client, prefix).await?;
     let hc = SimulatedHelmController::new(client.clone(), &ns.name);
-    Ok(World { ns, client, hc })
+    let flux_plunger = testkit::guard::shared()?.controller_client().await?;
+    Ok(World {
+        ns,
+        client,
+        flux_plunger,
+        hc,
+    })
 }
 
 impl World {
     fn reconciler(&self) -> Reconciler {
         Reconciler::new(
-            self.client.clone(),
-            Events::new(self.client.clone(), "flux-plunger", None),
+            self.flux_plunger.clone(),
+            Events::new(self.flux_plunger.clone(), "flux-plunger", None),
             Timings::default(),
         )
     }
@@ -1309,11 +1319,12 @@ async fn events_are_posted_to_flux_notification_controller_in_its_format() -> Re
             }
         }
     });
-    let events = Events::new(w.client.clone(), "flux-plunger", Some("pod-a".into())).forwarding_to(
-        plunger::notify::Forwarder::new(&address, Some("pod-a".into()))
-            .map_err(anyhow::Error::msg)?,
-    );
-    let reconciler = Reconciler::new(w.client.clone(), events, Timings::default());
+    let events = Events::new(w.flux_plunger.clone(), "flux-plunger", Some("pod-a".into()))
+        .forwarding_to(
+            plunger::notify::Forwarder::new(&address, Some("pod-a".into()))
+                .map_err(anyhow::Error::msg)?,
+        );
+    let reconciler = Reconciler::new(w.flux_plunger.clone(), events, Timings::default());
 
     assert_eq!(
         reconciler.reconcile(&w.ns.name, "web").await?,

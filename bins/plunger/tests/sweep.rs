@@ -21,6 +21,12 @@ async fn namespace(prefix: &str) -> Result<TestNamespace> {
     TestNamespace::create(&control_plane().client().await?, prefix).await
 }
 
+/// The sweep's client: the chart's pre-delete hook ServiceAccount, under the
+/// chart's admission guard.
+async fn hook() -> Result<kube::Client> {
+    testkit::guard::shared()?.hook_client().await
+}
+
 /// A release holding flux-plunger's suspension and fence, as a recovery
 /// that stopped midway leaves it; helm-controller's finalizer first.
 async fn held(ns: &TestNamespace, name: &str, suspend: bool) -> Result<ReleaseView> {
@@ -82,7 +88,7 @@ async fn a_release_that_changed_after_its_read_is_read_again_and_then_released()
     let offset = audit::mark();
 
     let released = release_with_retry(
-        &ns.client,
+        &hook().await?,
         stale,
         budget(Duration::from_secs(10)),
         Uninstall::MaySkip,
@@ -144,7 +150,7 @@ async fn release_refuses_a_release_found_deleted_and_not_uninstalled_when_it_rea
         .await?;
 
     let result = release_with_retry(
-        &ns.client,
+        &hook().await?,
         live,
         budget(Duration::from_secs(10)),
         Uninstall::MustNotSkip,
@@ -207,7 +213,7 @@ async fn a_suspension_flux_plunger_alone_holds_is_lifted_even_without_a_fence() 
     assert!(before.suspended_by_us() && !before.has_fence());
 
     let released = release_with_retry(
-        &ns.client,
+        &hook().await?,
         before,
         budget(Duration::from_secs(10)),
         Uninstall::MustNotSkip,

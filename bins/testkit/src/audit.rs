@@ -155,7 +155,12 @@ pub fn read_since(offset: u64) -> Result<Vec<AuditedRequest>> {
 
 /// Every resource request `user` made so far on the shared control plane.
 pub fn requests_by(user: &str) -> Result<Vec<AuditedRequest>> {
-    Ok(read_since(0)?
+    requests_by_since(user, 0)
+}
+
+/// The requests `user` made since `offset` ([`mark`]).
+pub fn requests_by_since(user: &str, offset: u64) -> Result<Vec<AuditedRequest>> {
+    Ok(read_since(offset)?
         .into_iter()
         .filter(|request| request.user == user)
         .collect())

@@ -72,6 +72,18 @@ pub fn workspace_root() -> PathBuf {
         .to_path_buf()
 }
 
+/// `_out/bin/helm`, with its plugins, cache and config under `_out/helm` as
+/// the Makefile sets them, so that a test never writes to `$HOME`.
+pub fn helm() -> Result<std::process::Command> {
+    let mut cmd = std::process::Command::new(tool("helm")?);
+    let home = out_dir().join("helm");
+    cmd.env("HELM_PLUGINS", home.join("plugins"))
+        .env("HELM_CACHE_HOME", home.join("cache"))
+        .env("HELM_CONFIG_HOME", home.join("config"))
+        .env("HELM_DATA_HOME", home.join("data"));
+    Ok(cmd)
+}
+
 /// A tool built by `make tools`, or an error that says to build it.
 pub fn tool(name: &str) -> Result<PathBuf> {
     let path = out_dir().join("bin").join(name);
@@ -292,18 +304,7 @@ impl ControlPlane {
         service_account: &str,
     ) -> Result<String> {
         let accounts: Api<ServiceAccount> = Api::namespaced(admin.clone(), namespace);
-        let account = ServiceAccount {
-            metadata: ObjectMeta {
-                name: Some(service_account.to_owned()),
-                ..Default::default()
-            },
-            ..Default::default()
-        };
-        match accounts.create(&PostParams::default(), &account).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(s)) if s.code == 409 => {}
-            Err(e) => return Err(e.into()),
-        }
+        create_unless_present(&accounts, service_account).await?;
         let request = TokenRequest {
             spec: TokenRequestSpec {
                 audiences: vec!["https://kubernetes.default.svc".to_owned()],
@@ -350,7 +351,7 @@ impl ControlPlane {
         namespace: &str,
         accounts: &[&str],
     ) -> Result<String> {
-        let name = format!("{namespace}-cluster-admin");
+        let name = format!("{namespace}-{}-cluster-admin", accounts.join("-"));
         let binding = ClusterRoleBinding {
             metadata: ObjectMeta {
                 name: Some(name.clone()),
@@ -393,13 +394,32 @@ impl ControlPlane {
     }
 }
 
+/// Creates the object `name` with nothing but its name, unless it exists.
+pub(crate) async fn create_unless_present<K>(api: &Api<K>, name: &str) -> Result<()>
+where
+    K: kube::Resource
+        + Default
+        + Clone
+        + serde::Serialize
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+{
+    let mut object = K::default();
+    object.meta_mut().name = Some(name.to_owned());
+    match api.create(&PostParams::default(), &object).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// Who a kubeconfig authenticates as.
 pub enum AuthInfo {
     AdminCertificate,
     Token(String),
 }
 
-async fn client_from_yaml(yaml: &str) -> Result<Client> {
+pub(crate) async fn client_from_yaml(yaml: &str) -> Result<Client> {
     let kubeconfig = Kubeconfig::from_yaml(yaml)?;
     let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?;
     Ok(Client::try_from(config)?)

@@ -7,7 +7,6 @@
 //! crash right before (or right after) that write: no destructor runs,
 //! nothing is undone, nothing buffered is flushed.
 
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
@@ -207,11 +206,3 @@ impl Settled {
 }
 
 pub use crate::control_plane::free_ports;
-
-/// The kubeconfig of the local control plane's admin, written into `dir`.
-pub fn admin_kubeconfig(dir: &Path) -> Result<std::path::PathBuf> {
-    let path = dir.join("kubeconfig");
-    crate::control_plane()
-        .write_kubeconfig(&path, &crate::control_plane::AuthInfo::AdminCertificate)?;
-    Ok(path)
-}

@@ -351,7 +351,13 @@ impl FaultProxy {
     pub async fn in_front_of_control_plane(plan: FaultPlan) -> Result<Self> {
         let plane = crate::control_plane();
         let yaml = plane.kubeconfig_yaml(&crate::control_plane::AuthInfo::AdminCertificate);
-        let kubeconfig = kube::config::Kubeconfig::from_yaml(&yaml)?;
+        Self::forwarding_as(&yaml, plan).await
+    }
+
+    /// A proxy forwarding with the server and credentials of the kubeconfig
+    /// document `yaml` (e.g. [`crate::guard::Guarded::controller_kubeconfig`]).
+    pub async fn forwarding_as(yaml: &str, plan: FaultPlan) -> Result<Self> {
+        let kubeconfig = kube::config::Kubeconfig::from_yaml(yaml)?;
         let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await?;
         Self::start(config, plan).await
     }

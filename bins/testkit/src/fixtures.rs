@@ -316,7 +316,9 @@ impl Refusal {
     }
 }
 
-fn vap_resource(kind: &str, plural: &str) -> kube::api::ApiResource {
+/// An `admissionregistration.k8s.io/v1` resource: `ValidatingAdmissionPolicy`
+/// (`validatingadmissionpolicies`) or its binding.
+pub fn vap_resource(kind: &str, plural: &str) -> kube::api::ApiResource {
     kube::api::ApiResource {
         group: "admissionregistration.k8s.io".into(),
         version: "v1".into(),

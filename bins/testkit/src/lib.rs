@@ -20,6 +20,7 @@ pub mod control_plane;
 pub mod crash;
 pub mod fault_proxy;
 pub mod fixtures;
+pub mod guard;
 pub mod helm_controller;
 pub mod process;
 pub mod seeded;
