@@ -550,3 +550,118 @@ fn the_schema_offers_exactly_the_log_levels_and_formats_the_binaries_accept() ->
     assert_eq!(enum_of("logEncoding"), names_of::<LogEncoding>());
     Ok(())
 }
+
+/// The admission guard's variable `name`, whose CEL expression is a JSON
+/// value (a string or a list of strings).
+fn guard_variable(policy: &Value, name: &str) -> Result<Value> {
+    let expression = policy["spec"]["variables"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|v| v["name"] == name)
+        .and_then(|v| v["expression"].as_str())
+        .with_context(|| format!("the admission guard has no variable {name}"))?;
+    serde_json::from_str(expression)
+        .with_context(|| format!("variable {name} is not a JSON value: {expression}"))
+}
+
+#[test]
+fn the_admission_guard_allows_the_metadata_plunger_names_and_holds_the_pods_service_accounts()
+-> Result<()> {
+    let manifests = Render::new(RELEASE, NAMESPACE)
+        .serving_admission_policies()
+        .manifests()?;
+    let policy = manifests.one("ValidatingAdmissionPolicy", false)?;
+    assert_eq!(
+        guard_variable(policy, "ownFinalizer")?,
+        Value::from(names::FENCE_FINALIZER)
+    );
+    assert_eq!(
+        guard_variable(policy, "ownAnnotations")?,
+        Value::from(names::OWN_ANNOTATIONS.to_vec())
+    );
+    assert_eq!(
+        guard_variable(policy, "ownLabels")?,
+        Value::from(names::OWN_LABELS.to_vec())
+    );
+
+    // Exactly the identities the chart's pods run as: the controller pod's
+    // (the drain shares it) and the hook Job's.
+    let condition = policy["spec"]["matchConditions"][0]["expression"]
+        .as_str()
+        .context("the guard has no match condition")?;
+    let users: BTreeSet<String> = serde_json::from_str(
+        condition
+            .strip_prefix("request.userInfo.username in ")
+            .with_context(|| format!("the guard matches users otherwise: {condition}"))?,
+    )?;
+    let user_of = |workload: &Value| {
+        testkit::audit::service_account_user(
+            NAMESPACE,
+            pod_spec(workload)["serviceAccountName"]
+                .as_str()
+                .unwrap_or_default(),
+        )
+    };
+    assert_eq!(
+        users,
+        BTreeSet::from([
+            user_of(deployment(&manifests)?),
+            user_of(hook_job(&manifests)?)
+        ])
+    );
+    // The storage revisions it lets flux-plunger delete are those whose
+    // status the recovery reclaims, of every status Helm writes.
+    let helm_statuses = [
+        "unknown",
+        "deployed",
+        "uninstalled",
+        "superseded",
+        "failed",
+        "uninstalling",
+        "pending-install",
+        "pending-upgrade",
+        "pending-rollback",
+    ];
+    let reclaimable: Vec<&str> = helm_statuses
+        .into_iter()
+        .filter(|s| plunger::decide::status_explains_stuck(s))
+        .collect();
+    let allowed: BTreeSet<String> =
+        serde_json::from_value(guard_variable(policy, "reclaimableStatuses")?)?;
+    assert_eq!(
+        allowed,
+        reclaimable
+            .iter()
+            .map(|s| (*s).to_owned())
+            .collect::<BTreeSet<_>>()
+    );
+
+    let binding = manifests.one("ValidatingAdmissionPolicyBinding", false)?;
+    assert_eq!(binding["spec"]["policyName"], policy["metadata"]["name"]);
+    Ok(())
+}
+
+#[test]
+fn the_admission_guard_is_rendered_where_the_cluster_serves_its_api_unless_turned_off() -> Result<()>
+{
+    let guards = |render: Render| -> Result<usize> {
+        let manifests = render.manifests()?;
+        Ok(manifests.of_kind("ValidatingAdmissionPolicy").count()
+            + manifests
+                .of_kind("ValidatingAdmissionPolicyBinding")
+                .count())
+    };
+    let render = || Render::new(RELEASE, NAMESPACE);
+    assert_eq!(guards(render())?, 0, "a cluster without the API");
+    assert_eq!(guards(render().serving_admission_policies())?, 2);
+    assert_eq!(
+        guards(
+            render()
+                .serving_admission_policies()
+                .set("admissionGuard.enabled=false")
+        )?,
+        0
+    );
+    Ok(())
+}

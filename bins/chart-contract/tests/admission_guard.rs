@@ -1,0 +1,759 @@
+//! The chart's admission guard against the real apiserver: what it refuses
+//! flux-plunger's ServiceAccounts, and that it refuses none of the writes
+//! flux-plunger makes.
+//!
+//! The first test installs the chart with helm and writes with the token of
+//! the chart's own ServiceAccount, under the chart's own RBAC. The second
+//! goes through every rule the guard states, each way, with the chart's
+//! guard rendered for ServiceAccounts granted `cluster-admin`, so that RBAC
+//! never refuses first; its writes are dry runs (admitted, never stored), so
+//! every case starts from the same objects.
+
+use std::collections::BTreeMap;
+
+use anyhow::{Result, ensure};
+use chart_contract::install::Setup;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
+use kube::{Client, ResourceExt};
+use plunger::apply::{self, Claim};
+use plunger::names::{
+    FENCE_FINALIZER, FIELD_MANAGER, HELM_CONTROLLER_FINALIZER, HELMRELEASE_API_VERSION,
+    HELMRELEASE_KIND, OWN_ANNOTATIONS,
+};
+use plunger::release::{ReleaseView, helmreleases};
+use serde_json::{Value, json};
+use testkit::guard::{Guarded, is_refused_by};
+use testkit::{Handled, SimulatedHelmController, TestNamespace, control_plane};
+
+/// What the guard answered each write, against what it should have.
+struct Verdicts {
+    policy: String,
+    wrong: Vec<String>,
+}
+
+impl Verdicts {
+    fn new(policy: &str) -> Self {
+        Self {
+            policy: policy.to_owned(),
+            wrong: Vec::new(),
+        }
+    }
+
+    fn allowed<T>(&mut self, what: &str, result: kube::Result<T>) {
+        if let Err(err) = result {
+            self.wrong
+                .push(format!("{what}: should be allowed, got {err}"));
+        }
+    }
+
+    /// Refused by the guard, with a message containing `because`.
+    fn refused<T>(&mut self, what: &str, result: kube::Result<T>, because: &str) {
+        match result {
+            Err(kube::Error::Api(status))
+                if is_refused_by(&status, &self.policy) && status.message.contains(because) => {}
+            Ok(_) => self
+                .wrong
+                .push(format!("{what}: should be refused, was allowed")),
+            Err(err) => self.wrong.push(format!(
+                "{what}: should be refused by {} (\"{because}\"), got {err}",
+                self.policy
+            )),
+        }
+    }
+
+    fn check(self) -> Result<()> {
+        ensure!(
+            self.wrong.is_empty(),
+            "the admission guard answered wrongly:\n  {}",
+            self.wrong.join("\n  ")
+        );
+        Ok(())
+    }
+}
+
+const SECRETS_ONLY: &str = "deletes only Helm storage revisions";
+const METADATA_ONLY: &str = "changes no metadata of a HelmRelease but its finalizer";
+const SPEC_ONLY: &str = "nothing in a HelmRelease's spec but spec.suspend";
+const STATUS_ONLY: &str = "writes a HelmRelease's status only through the status subresource";
+const WRITES_ONLY: &str = "only deletes Helm storage Secrets, patches HelmReleases";
+const EVENTS_ONLY: &str = "writes only Events about a HelmRelease";
+const LEASE_ONLY: &str = "writes no Lease but its leader Lease";
+const SCALE_ONLY: &str = "scales no Deployment but its own";
+
+/// A release as helm-controller keeps it: its finalizer, some values.
+async fn release_with_values(apps: &TestNamespace, name: &str) -> Result<()> {
+    apps.create_release(name, json!({"values": {"replicas": 1}}))
+        .await?;
+    let hc = SimulatedHelmController::new(apps.client.clone(), &apps.name);
+    ensure!(hc.handle(name).await? == Handled::AddedFinalizer);
+    Ok(())
+}
+
+/// The JSON patch that removes `finalizer` at `index`, guarded by a test.
+fn remove_finalizer_at(index: usize, finalizer: &str) -> Value {
+    let path = format!("/metadata/finalizers/{index}");
+    json!([{"op": "test", "path": path, "value": finalizer}, {"op": "remove", "path": path}])
+}
+
+/// A Secret named and labelled like Helm storage, of `type_`.
+fn storage_like(name: &str, type_: &str, labels: &[(&str, &str)]) -> Result<Secret> {
+    let labels: BTreeMap<&str, &str> = labels.iter().copied().collect();
+    Ok(serde_json::from_value(json!({
+        "metadata": {"name": name, "labels": labels},
+        "type": type_,
+    }))?)
+}
+
+#[tokio::test]
+async fn with_its_own_token_the_chart_s_service_account_is_refused_what_flux_plunger_never_does()
+-> Result<()> {
+    let setup = Setup::new("guard-chart").await?;
+    setup.install(&[])?;
+    setup.wait_for_guard().await?;
+    let admin = setup.ns.client.clone();
+    let apps = TestNamespace::create(&admin, "guard-chart-apps").await?;
+    release_with_values(&apps, "web").await?;
+    apps.secrets()
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(
+                json!({"metadata": {"name": "credentials"}, "stringData": {"password": "hunter2"}}),
+            )?,
+        )
+        .await?;
+    apps.create_storage_secret("web", 1, "uninstalling").await?;
+    let own = control_plane()
+        .service_account_client(&admin, &setup.ns.name, &setup.fullname())
+        .await?;
+    let releases = helmreleases(own.clone(), &apps.name);
+    let secrets: Api<Secret> = Api::namespaced(own.clone(), &apps.name);
+    let mut verdicts = Verdicts::new(&setup.fullname());
+
+    verdicts.refused(
+        "delete an ordinary Secret",
+        secrets
+            .delete("credentials", &DeleteParams::default())
+            .await,
+        SECRETS_ONLY,
+    );
+    verdicts.refused(
+        "patch spec.values",
+        releases
+            .patch(
+                "web",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"values": {"replicas": 2}}})),
+            )
+            .await,
+        SPEC_ONLY,
+    );
+    verdicts.refused(
+        "remove helm-controller's finalizer",
+        releases
+            .patch(
+                "web",
+                &PatchParams::default(),
+                &Patch::<()>::Json(serde_json::from_value(remove_finalizer_at(
+                    0,
+                    HELM_CONTROLLER_FINALIZER,
+                ))?),
+            )
+            .await,
+        METADATA_ONLY,
+    );
+
+    // A recovery's writes, by flux-plunger's own write functions: the
+    // suspension and the fence, the annotation, the storage revision's
+    // delete, the lift.
+    let read = |releases: Api<DynamicObject>| async move {
+        anyhow::Ok(ReleaseView::from_object(&releases.get("web").await?))
+    };
+    verdicts.allowed(
+        "apply the suspension and the fence",
+        apply::apply(
+            &own,
+            &read(releases.clone()).await?,
+            Claim::SUSPEND_AND_FENCE,
+            false,
+        )
+        .await,
+    );
+    verdicts.allowed(
+        "write the processed-revision annotation",
+        apply::annotate(&own, &read(releases.clone()).await?, 1, None).await,
+    );
+    verdicts.allowed(
+        "delete the storage revision",
+        secrets
+            .delete("sh.helm.release.v1.web.v1", &DeleteParams::default())
+            .await,
+    );
+    verdicts.allowed(
+        "lift the suspension and the fence",
+        apply::apply(&own, &read(releases.clone()).await?, Claim::NOTHING, false).await,
+    );
+    verdicts.check()?;
+
+    // What was refused did not happen; what was allowed did.
+    assert!(apps.secrets().get_opt("credentials").await?.is_some());
+    let web = apps.releases().get("web").await?;
+    assert_eq!(web.data["spec"]["values"], json!({"replicas": 1}));
+    assert_eq!(
+        web.metadata.finalizers,
+        Some(vec![HELM_CONTROLLER_FINALIZER.to_owned()])
+    );
+    assert!(testkit::is_recovered(&web, 1), "{web:?}");
+    assert_eq!(apps.secret_names().await?, vec!["credentials"]);
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_guard_allows_flux_plunger_s_own_writes_and_refuses_every_other() -> Result<()> {
+    let admin = control_plane().client().await?;
+    let ns = TestNamespace::create(&admin, "guard-rules").await?;
+    let guarded = ns.guarded().await?;
+    let apps = TestNamespace::create(&admin, "guard-rules-apps").await?;
+    let mut verdicts = Verdicts::new(&guarded.policy);
+    let controller = guarded.controller_client().await?;
+    let hook = guarded.hook_client().await?;
+
+    storage_secrets(&apps, &controller, &mut verdicts).await?;
+    release_writes(&apps, &controller, &mut verdicts).await?;
+    events(&apps, &controller, &mut verdicts).await?;
+    leases_and_scale(&ns, &guarded, &apps, &controller, &hook, &mut verdicts).await?;
+    verdicts.refused(
+        "create a ConfigMap",
+        Api::<ConfigMap>::namespaced(controller.clone(), &apps.name)
+            .create(
+                &dry_post(),
+                &serde_json::from_value(json!({"metadata": {"name": "x"}}))?,
+            )
+            .await,
+        WRITES_ONLY,
+    );
+
+    // Only flux-plunger's identities are held: another ServiceAccount of the
+    // same namespace, as privileged, is not.
+    let other = control_plane()
+        .service_account_client(&admin, &ns.name, "someone-else")
+        .await?;
+    control_plane()
+        .grant_cluster_admin(&admin, &ns.name, &["someone-else"])
+        .await?;
+    verdicts.allowed(
+        "another ServiceAccount deletes an ordinary Secret",
+        Api::<Secret>::namespaced(other, &apps.name)
+            .delete("credentials", &dry_delete())
+            .await,
+    );
+    verdicts.check()
+}
+
+fn dry_post() -> PostParams {
+    PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    }
+}
+
+fn dry_patch() -> PatchParams {
+    PatchParams {
+        dry_run: true,
+        ..PatchParams::default()
+    }
+}
+
+fn dry_delete() -> DeleteParams {
+    DeleteParams {
+        dry_run: true,
+        ..DeleteParams::default()
+    }
+}
+
+/// Only a Helm storage revision whose type, labels and name agree may be
+/// deleted, and no Secret written.
+async fn storage_secrets(
+    apps: &TestNamespace,
+    controller: &Client,
+    verdicts: &mut Verdicts,
+) -> Result<()> {
+    apps.create_storage_secret("web", 1, "uninstalling").await?;
+    let helm = [("owner", "helm"), ("name", "web"), ("status", "failed")];
+    let look_alikes = [
+        (
+            "of another type",
+            storage_like(
+                "sh.helm.release.v1.web.v2",
+                "Opaque",
+                &[helm[0], helm[1], ("version", "2")],
+            )?,
+        ),
+        (
+            "without owner=helm",
+            storage_like(
+                "sh.helm.release.v1.web.v3",
+                "helm.sh/release.v1",
+                &[helm[1], ("version", "3")],
+            )?,
+        ),
+        (
+            "named for another version than its label",
+            storage_like(
+                "sh.helm.release.v1.web.v4",
+                "helm.sh/release.v1",
+                &[helm[0], helm[1], ("version", "5")],
+            )?,
+        ),
+        (
+            "named for another release than its label",
+            storage_like(
+                "sh.helm.release.v1.api.v6",
+                "helm.sh/release.v1",
+                &[helm[0], helm[1], ("version", "6")],
+            )?,
+        ),
+        (
+            "with a version that is no revision number",
+            storage_like(
+                "sh.helm.release.v1.web.v07",
+                "helm.sh/release.v1",
+                &[helm[0], helm[1], ("version", "07")],
+            )?,
+        ),
+        (
+            "of a deployed revision",
+            storage_like(
+                "sh.helm.release.v1.web.v10",
+                "helm.sh/release.v1",
+                &[helm[0], helm[1], ("version", "10"), ("status", "deployed")],
+            )?,
+        ),
+        (
+            "of a superseded revision",
+            storage_like(
+                "sh.helm.release.v1.web.v11",
+                "helm.sh/release.v1",
+                &[
+                    helm[0],
+                    helm[1],
+                    ("version", "11"),
+                    ("status", "superseded"),
+                ],
+            )?,
+        ),
+        (
+            "without a status",
+            storage_like(
+                "sh.helm.release.v1.web.v12",
+                "helm.sh/release.v1",
+                &[helm[0], helm[1], ("version", "12")],
+            )?,
+        ),
+        (
+            "that is an ordinary Secret",
+            serde_json::from_value(json!({"metadata": {"name": "credentials"}}))?,
+        ),
+    ];
+    for (_, secret) in &look_alikes {
+        apps.secrets()
+            .create(&PostParams::default(), secret)
+            .await?;
+    }
+    let secrets: Api<Secret> = Api::namespaced(controller.clone(), &apps.name);
+    verdicts.allowed(
+        "delete a Helm storage revision",
+        secrets
+            .delete("sh.helm.release.v1.web.v1", &dry_delete())
+            .await,
+    );
+    for (what, secret) in &look_alikes {
+        verdicts.refused(
+            &format!("delete a Secret {what}"),
+            secrets.delete(&secret.name_any(), &dry_delete()).await,
+            SECRETS_ONLY,
+        );
+    }
+    verdicts.refused(
+        "relabel a Helm storage revision",
+        secrets
+            .patch(
+                "sh.helm.release.v1.web.v1",
+                &dry_patch(),
+                &Patch::Merge(json!({"metadata": {"labels": {"status": "deployed"}}})),
+            )
+            .await,
+        WRITES_ONLY,
+    );
+    verdicts.refused(
+        "create a Secret",
+        secrets
+            .create(
+                &dry_post(),
+                &storage_like("sh.helm.release.v1.web.v9", "helm.sh/release.v1", &helm)?,
+            )
+            .await,
+        WRITES_ONLY,
+    );
+    Ok(())
+}
+
+/// One entry of helm-controller's `status.history`, every field its CRD
+/// requires.
+fn snapshot() -> Value {
+    json!({
+        "name": "web", "namespace": "default", "version": 2, "status": "uninstalling",
+        "chartName": "demo", "chartVersion": "1.0.0",
+        "configDigest": "sha256:0000000000000000000000000000000000000000000000000000000000000000",
+        "digest": "sha256:1111111111111111111111111111111111111111111111111111111111111111",
+        "firstDeployed": "2026-01-01T00:00:00Z", "lastDeployed": "2026-01-01T00:00:00Z",
+    })
+}
+
+/// `spec.suspend`, flux-plunger's finalizer and annotations, and an empty
+/// history restored through the status subresource: nothing else.
+async fn release_writes(
+    apps: &TestNamespace,
+    controller: &Client,
+    verdicts: &mut Verdicts,
+) -> Result<()> {
+    // "web": fenced by flux-plunger, helm-controller's finalizer first, its
+    // history empty (the stuck state). "tracked": a history helm-controller
+    // keeps.
+    release_with_values(apps, "web").await?;
+    apps.apply_as_flux_plunger("web", false).await?;
+    // "fenced": deleted and uninstalled by helm-controller, which dropped its
+    // finalizer; the fence is the last one, and giving it up (the apiserver
+    // leaves `finalizers: null`) lets the release go.
+    let hc = SimulatedHelmController::new(apps.client.clone(), &apps.name);
+    apps.create_release("fenced", json!({})).await?;
+    ensure!(hc.handle("fenced").await? == Handled::AddedFinalizer);
+    apps.apply_as_flux_plunger("fenced", false).await?;
+    apps.releases()
+        .delete("fenced", &DeleteParams::default())
+        .await?;
+    ensure!(hc.handle("fenced").await? == Handled::Uninstalled);
+    release_with_values(apps, "tracked").await?;
+    apps.releases()
+        .patch_status(
+            "tracked",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"history": [snapshot()]}})),
+        )
+        .await?;
+    let releases = helmreleases(controller.clone(), &apps.name);
+    let merge = |patch: Value| {
+        let releases = releases.clone();
+        async move {
+            releases
+                .patch("web", &dry_patch(), &Patch::Merge(patch))
+                .await
+        }
+    };
+    let json_patch = |ops: Value| {
+        let releases = releases.clone();
+        async move {
+            let patch = Patch::<()>::Json(serde_json::from_value(ops)?);
+            anyhow::Ok(releases.patch("web", &dry_patch(), &patch).await)
+        }
+    };
+    let apply = |body: Value, force: bool| {
+        let releases = releases.clone();
+        async move {
+            let mut params = PatchParams::apply(FIELD_MANAGER);
+            params.dry_run = true;
+            params.force = force;
+            releases.patch("web", &params, &Patch::Apply(body)).await
+        }
+    };
+    let identity = json!({"apiVersion": HELMRELEASE_API_VERSION, "kind": HELMRELEASE_KIND, "metadata": {"name": "web"}});
+
+    let mut suspend_and_fence = identity.clone();
+    suspend_and_fence["metadata"]["finalizers"] = json!([FENCE_FINALIZER]);
+    suspend_and_fence["spec"] = json!({"suspend": true});
+    verdicts.allowed(
+        "apply spec.suspend and the fence",
+        apply(suspend_and_fence, true).await,
+    );
+    verdicts.allowed(
+        "apply without the fence",
+        apply(identity.clone(), false).await,
+    );
+    // Not a dry run: the one write that lets a release go.
+    let mut fenced = identity.clone();
+    fenced["metadata"]["name"] = json!("fenced");
+    verdicts.allowed(
+        "apply without the last finalizer of a deleted release, the fence",
+        releases
+            .patch(
+                "fenced",
+                &PatchParams::apply(FIELD_MANAGER),
+                &Patch::Apply(fenced),
+            )
+            .await,
+    );
+    verdicts.allowed(
+        "merge-patch spec.suspend",
+        merge(json!({"spec": {"suspend": true}})).await,
+    );
+    let own: serde_json::Map<String, Value> = OWN_ANNOTATIONS
+        .iter()
+        .map(|a| ((*a).to_owned(), Value::from("7")))
+        .collect();
+    verdicts.allowed(
+        "merge-patch flux-plunger's annotations",
+        merge(json!({"metadata": {"annotations": own}})).await,
+    );
+    verdicts.allowed(
+        "remove the fence by its index",
+        json_patch(remove_finalizer_at(1, FENCE_FINALIZER)).await?,
+    );
+    verdicts.allowed(
+        "restore an empty history and the storage namespace",
+        releases
+            .patch_status(
+                "web",
+                &dry_patch(),
+                &Patch::Merge(
+                    json!({"status": {"history": [snapshot()], "storageNamespace": "default"}}),
+                ),
+            )
+            .await,
+    );
+
+    verdicts.refused(
+        "merge-patch spec.values",
+        merge(json!({"spec": {"values": {"replicas": 2}}})).await,
+        SPEC_ONLY,
+    );
+    let mut interval = identity.clone();
+    interval["spec"] = json!({"interval": "1m"});
+    verdicts.refused(
+        "apply spec.interval",
+        apply(interval, true).await,
+        SPEC_ONLY,
+    );
+    verdicts.refused(
+        "remove helm-controller's finalizer",
+        json_patch(remove_finalizer_at(0, HELM_CONTROLLER_FINALIZER)).await?,
+        METADATA_ONLY,
+    );
+    verdicts.refused(
+        "add another finalizer",
+        json_patch(
+            json!([{"op": "add", "path": "/metadata/finalizers/-", "value": "example.com/hold"}]),
+        )
+        .await?,
+        METADATA_ONLY,
+    );
+    verdicts.refused(
+        "merge-patch another annotation",
+        merge(json!({"metadata": {"annotations": {"example.com/note": "x"}}})).await,
+        METADATA_ONLY,
+    );
+    verdicts.refused(
+        "merge-patch a label",
+        merge(json!({"metadata": {"labels": {"team": "payments"}}})).await,
+        METADATA_ONLY,
+    );
+    verdicts.refused(
+        "rewrite a history helm-controller keeps",
+        releases
+            .patch_status(
+                "tracked",
+                &dry_patch(),
+                &Patch::Merge(json!({"status": {"history": [snapshot(), snapshot()]}})),
+            )
+            .await,
+        STATUS_ONLY,
+    );
+    verdicts.refused(
+        "write a condition",
+        releases
+            .patch_status(
+                "web",
+                &dry_patch(),
+                &Patch::Merge(json!({"status": {"conditions": [{
+                    "type": "Ready", "status": "True", "reason": "Forged", "message": "",
+                    "lastTransitionTime": "2026-01-01T00:00:00Z"}]}})),
+            )
+            .await,
+        STATUS_ONLY,
+    );
+    verdicts.refused(
+        "delete a HelmRelease",
+        releases.delete("web", &dry_delete()).await,
+        WRITES_ONLY,
+    );
+    let mut created: DynamicObject = apps.releases().get("web").await?;
+    created.metadata = kube::api::ObjectMeta {
+        name: Some("copy".to_owned()),
+        ..Default::default()
+    };
+    verdicts.refused(
+        "create a HelmRelease",
+        releases.create(&dry_post(), &created).await,
+        WRITES_ONLY,
+    );
+    Ok(())
+}
+
+/// Events about a HelmRelease, in its namespace; no other.
+async fn events(apps: &TestNamespace, controller: &Client, verdicts: &mut Verdicts) -> Result<()> {
+    let event = |namespace: &str,
+                 regarding: Value|
+     -> Result<k8s_openapi::api::events::v1::Event> {
+        Ok(serde_json::from_value(json!({
+            "metadata": {"name": format!("probe.{}", regarding["name"].as_str().unwrap_or_default()), "namespace": namespace},
+            "eventTime": "2026-01-01T00:00:00.000000Z",
+            "reportingController": "flux-plunger", "reportingInstance": "pod-a",
+            "action": "Recovering", "reason": "Recovered", "type": "Normal",
+            "regarding": regarding,
+        }))?)
+    };
+    let on_release = json!({"apiVersion": HELMRELEASE_API_VERSION, "kind": HELMRELEASE_KIND,
+        "name": "web", "namespace": apps.name});
+    let events: Api<k8s_openapi::api::events::v1::Event> =
+        Api::namespaced(controller.clone(), &apps.name);
+    verdicts.allowed(
+        "an Event about a HelmRelease",
+        events
+            .create(&dry_post(), &event(&apps.name, on_release.clone())?)
+            .await,
+    );
+    verdicts.refused(
+        "an Event about a ConfigMap",
+        events
+            .create(
+                &dry_post(),
+                &event(&apps.name, json!({"apiVersion": "v1", "kind": "ConfigMap", "name": "web", "namespace": apps.name}))?,
+            )
+            .await,
+        EVENTS_ONLY,
+    );
+    let elsewhere = TestNamespace::create(&apps.client, "guard-rules-elsewhere").await?;
+    verdicts.refused(
+        "an Event about a HelmRelease of another namespace",
+        Api::<k8s_openapi::api::events::v1::Event>::namespaced(controller.clone(), &elsewhere.name)
+            .create(&dry_post(), &event(&elsewhere.name, on_release)?)
+            .await,
+        EVENTS_ONLY,
+    );
+    let core_event: k8s_openapi::api::core::v1::Event = serde_json::from_value(json!({
+        "metadata": {"name": "probe.core"},
+        "involvedObject": {"apiVersion": HELMRELEASE_API_VERSION, "kind": HELMRELEASE_KIND, "name": "web", "namespace": apps.name},
+        "reason": "Recovered", "type": "Normal",
+    }))?;
+    verdicts.refused(
+        "a core/v1 Event",
+        Api::<k8s_openapi::api::core::v1::Event>::namespaced(controller.clone(), &apps.name)
+            .create(&dry_post(), &core_event)
+            .await,
+        WRITES_ONLY,
+    );
+    Ok(())
+}
+
+/// The leader Lease of the release namespace, and the hook's scale-down of
+/// the chart's own Deployment: no other Lease, Deployment or replica count.
+async fn leases_and_scale(
+    ns: &TestNamespace,
+    guarded: &Guarded,
+    apps: &TestNamespace,
+    controller: &Client,
+    hook: &Client,
+    verdicts: &mut Verdicts,
+) -> Result<()> {
+    let lease = |name: &str| -> Result<Lease> {
+        Ok(serde_json::from_value(json!({"metadata": {"name": name},
+            "spec": {"holderIdentity": "pod-a", "leaseDurationSeconds": 27}}))?)
+    };
+    let leases: Api<Lease> = Api::namespaced(controller.clone(), &ns.name);
+    verdicts.allowed(
+        "create the leader Lease",
+        leases.create(&dry_post(), &lease(&guarded.lease)?).await,
+    );
+    Api::<Lease>::namespaced(ns.client.clone(), &ns.name)
+        .create(&PostParams::default(), &lease(&guarded.lease)?)
+        .await?;
+    verdicts.allowed(
+        "renew the leader Lease",
+        leases
+            .patch(
+                &guarded.lease,
+                &dry_patch(),
+                &Patch::Merge(json!({"spec": {"holderIdentity": "pod-b"}})),
+            )
+            .await,
+    );
+    verdicts.allowed(
+        "the hook removes the leader Lease",
+        Api::<Lease>::namespaced(hook.clone(), &ns.name)
+            .delete(&guarded.lease, &dry_delete())
+            .await,
+    );
+    verdicts.refused(
+        "create another Lease of the release namespace",
+        leases
+            .create(&dry_post(), &lease("kube-controller-manager")?)
+            .await,
+        LEASE_ONLY,
+    );
+    verdicts.refused(
+        "create the leader Lease's name in another namespace",
+        Api::<Lease>::namespaced(controller.clone(), &apps.name)
+            .create(&dry_post(), &lease(&guarded.lease)?)
+            .await,
+        LEASE_ONLY,
+    );
+
+    let deployment = |name: &str| -> Result<Deployment> {
+        let labels = json!({"app.kubernetes.io/name": name});
+        Ok(serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "spec": {"replicas": 1, "selector": {"matchLabels": labels},
+                "template": {"metadata": {"labels": labels},
+                    "spec": {"containers": [{"name": "c", "image": "flux-plunger"}]}}},
+        }))?)
+    };
+    let deployments: Api<Deployment> = Api::namespaced(ns.client.clone(), &ns.name);
+    for name in [guarded.deployment.as_str(), "web"] {
+        deployments
+            .create(&PostParams::default(), &deployment(name)?)
+            .await?;
+    }
+    let scale = |replicas: i32| Patch::Merge(json!({"spec": {"replicas": replicas}}));
+    let as_hook: Api<Deployment> = Api::namespaced(hook.clone(), &ns.name);
+    verdicts.allowed(
+        "the hook scales its Deployment to 0",
+        as_hook
+            .patch_scale(&guarded.deployment, &dry_patch(), &scale(0))
+            .await,
+    );
+    verdicts.refused(
+        "the hook scales its Deployment to 2",
+        as_hook
+            .patch_scale(&guarded.deployment, &dry_patch(), &scale(2))
+            .await,
+        SCALE_ONLY,
+    );
+    verdicts.refused(
+        "the hook scales another Deployment to 0",
+        as_hook.patch_scale("web", &dry_patch(), &scale(0)).await,
+        SCALE_ONLY,
+    );
+    verdicts.refused(
+        "patch its own Deployment",
+        as_hook
+            .patch(
+                &guarded.deployment,
+                &dry_patch(),
+                &Patch::Merge(json!({"spec": {"replicas": 0}})),
+            )
+            .await,
+        WRITES_ONLY,
+    );
+    Ok(())
+}
