@@ -18,3 +18,12 @@ HELM_CONTROLLER_E2E_VERSIONS := v1.6.4 v1.6.1 v1.4.0
 # github.com/fluxcd/source-controller/api (the api module carries no CRDs).
 # bats-core, from npm (package "bats"), for the bats suites in bats/.
 BATS_VERSION := 1.13.0
+# The node tier (make test-node) and `make image`: Debian's packages, named
+# here and nowhere else. containerd, runc and the CNI plugins make the node (the
+# kubelet drives them); buildah builds the images where no Docker engine runs;
+# musl-tools is the C compiler of the static binaries' C code (ring). Tried
+# here: containerd 1.6.20, runc 1.1.5, containernetworking-plugins 1.1.1,
+# buildah 1.28.2, musl-tools 1.2.3 (Debian 12).
+NODE_DEBIAN_PACKAGES := containerd runc containernetworking-plugins buildah musl-tools
+# The Rust target of the image's static binaries (installed by rustup).
+IMAGE_RUST_TARGET := x86_64-unknown-linux-musl

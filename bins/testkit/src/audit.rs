@@ -21,6 +21,9 @@ use serde_json::Value;
 pub struct AuditedRequest {
     pub audit_id: String,
     pub user: String,
+    /// The pod a ServiceAccount token was bound to (a pod's mounted token),
+    /// which tells two pods of one ServiceAccount apart.
+    pub pod: Option<String>,
     pub verb: String,
     pub permission: Permission,
     pub namespace: Option<String>,
@@ -117,7 +120,12 @@ struct Line {
 #[derive(Deserialize)]
 struct User {
     username: String,
+    #[serde(default)]
+    extra: HashMap<String, Vec<String>>,
 }
+
+/// The user info key under which the apiserver names a bound token's pod.
+const POD_NAME_EXTRA: &str = "authentication.kubernetes.io/pod-name";
 
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -229,9 +237,15 @@ impl AuditedRequest {
             Some(sub) => format!("{}/{sub}", object.resource?),
             None => object.resource?,
         };
+        let pod = line
+            .user
+            .extra
+            .get(POD_NAME_EXTRA)
+            .and_then(|names| names.first().cloned());
         Some(Self {
             audit_id: line.audit_id,
             user: line.user.username,
+            pod,
             permission: Permission {
                 group: object.api_group.unwrap_or_default(),
                 resource,
@@ -331,6 +345,7 @@ mod tests {
         let patch = |body: Option<Value>| AuditedRequest {
             audit_id: "a".to_owned(),
             user: "u".to_owned(),
+            pod: None,
             verb: "patch".to_owned(),
             permission: Permission {
                 group: "helm.toolkit.fluxcd.io".to_owned(),

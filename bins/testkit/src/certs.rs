@@ -1,6 +1,9 @@
 //! Certificates for the local control plane: a CA, the apiserver's serving
-//! certificate for loopback, an admin client certificate in `system:masters`,
-//! and the service-account signing key. Generated fresh for every run.
+//! certificate for loopback (and the `kubernetes` Service's address, which a
+//! node's pods dial), an admin client certificate in `system:masters`, the
+//! service-account signing key, and client certificates for the node's
+//! components on demand ([`Pki::client_certificate`]). Generated fresh for
+//! every run.
 
 use std::path::{Path, PathBuf};
 
@@ -12,6 +15,7 @@ use rcgen::{
 
 /// PEM files written into the control plane's directory.
 pub struct Pki {
+    issuer: Issuer<'static, KeyPair>,
     pub ca_cert: PathBuf,
     pub ca_cert_pem: String,
     pub serving_cert: PathBuf,
@@ -47,6 +51,7 @@ impl Pki {
             "127.0.0.1".to_owned(),
             "kubernetes".to_owned(),
             "kubernetes.default.svc".to_owned(),
+            crate::node::network::KUBERNETES_SERVICE_IP.to_owned(),
         ])?;
         serving_params
             .distinguished_name
@@ -54,26 +59,19 @@ impl Pki {
         serving_params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
         let serving_cert = serving_params.signed_by(&serving_key, &issuer)?;
 
-        let admin_key = KeyPair::generate()?;
-        let mut admin_params = CertificateParams::new(Vec::<String>::new())?;
-        admin_params
-            .distinguished_name
-            .push(DnType::CommonName, "flux-plunger-test-admin");
-        admin_params
-            .distinguished_name
-            .push(DnType::OrganizationName, "system:masters");
-        admin_params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
-        let admin_cert = admin_params.signed_by(&admin_key, &issuer)?;
+        let (admin_cert_pem, admin_key_pem) =
+            sign_client(&issuer, "flux-plunger-test-admin", Some("system:masters"))?;
 
         let service_account_key = KeyPair::generate()?;
 
         let pki = Self {
+            issuer,
             ca_cert: dir.join("ca.crt"),
             ca_cert_pem,
             serving_cert: dir.join("apiserver.crt"),
             serving_key: dir.join("apiserver.key"),
-            admin_cert_pem: admin_cert.pem(),
-            admin_key_pem: admin_key.serialize_pem(),
+            admin_cert_pem,
+            admin_key_pem,
             service_account_key: dir.join("service-account.key"),
             service_account_public_key: dir.join("service-account.pub"),
         };
@@ -90,4 +88,35 @@ impl Pki {
         )?;
         Ok(pki)
     }
+
+    /// A client certificate and its key (PEM) for `common_name` in
+    /// `organization` (the user name and group the apiserver sees), signed by
+    /// the control plane's CA.
+    pub fn client_certificate(
+        &self,
+        common_name: &str,
+        organization: Option<&str>,
+    ) -> Result<(String, String)> {
+        sign_client(&self.issuer, common_name, organization)
+    }
+}
+
+fn sign_client(
+    issuer: &Issuer<'static, KeyPair>,
+    common_name: &str,
+    organization: Option<&str>,
+) -> Result<(String, String)> {
+    let key = KeyPair::generate()?;
+    let mut params = CertificateParams::new(Vec::<String>::new())?;
+    params
+        .distinguished_name
+        .push(DnType::CommonName, common_name);
+    if let Some(organization) = organization {
+        params
+            .distinguished_name
+            .push(DnType::OrganizationName, organization);
+    }
+    params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+    let cert = params.signed_by(&key, issuer)?;
+    Ok((cert.pem(), key.serialize_pem()))
 }

@@ -26,6 +26,14 @@ pub struct ChartArchive {
     pub digest: String,
 }
 
+impl ChartArchive {
+    /// A chart packaged elsewhere (`helm package`), with its digest.
+    pub fn from_bytes(bytes: Vec<u8>) -> Self {
+        let digest = format!("sha256:{:x}", Sha256::digest(&bytes));
+        Self { bytes, digest }
+    }
+}
+
 const CHART_YAML: &str = "apiVersion: v2
 name: demo
 description: One ConfigMap, for tests against a control plane without a kubelet.
@@ -65,9 +73,7 @@ pub fn demo_chart() -> Result<ChartArchive> {
     let tarball = tar.into_inner()?;
     let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
     std::io::Write::write_all(&mut gz, &tarball)?;
-    let bytes = gz.finish()?;
-    let digest = format!("sha256:{:x}", Sha256::digest(&bytes));
-    Ok(ChartArchive { bytes, digest })
+    Ok(ChartArchive::from_bytes(gz.finish()?))
 }
 
 #[cfg(test)]

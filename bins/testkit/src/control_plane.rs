@@ -1,5 +1,11 @@
 //! etcd + kube-apiserver on loopback, with RBAC authorization and
 //! service-account token signing, started once per test binary.
+//!
+//! Inside the node sandbox ([`crate::node`]) the control plane serves a real
+//! node: the apiserver also listens on the `kubernetes` Service's address and
+//! port (pods dial it; no kube-proxy runs), authorizes the kubelet by the Node
+//! authorizer with NodeRestriction, reaches the kubelet by its InternalIP
+//! with a client certificate, and gives pods their ServiceAccount tokens.
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -139,12 +145,16 @@ impl ControlPlane {
     /// A second, independent control plane (a "remote cluster"), stopped
     /// when dropped or when the test process ends.
     pub fn start_another() -> Result<Self> {
-        std::thread::spawn(ControlPlane::start)
+        std::thread::spawn(|| ControlPlane::start_as(Flavour::Loopback))
             .join()
             .map_err(|_| anyhow::anyhow!("the control plane start thread panicked"))?
     }
 
     fn start() -> Result<Self> {
+        Self::start_as(Flavour::of_this_process())
+    }
+
+    fn start_as(flavour: Flavour) -> Result<Self> {
         let started = Instant::now();
         let deadline = started + START_TIMEOUT;
         let etcd_bin = tool("etcd")?;
@@ -183,28 +193,35 @@ impl ControlPlane {
         wait_for_port(etcd_port, &mut etcd, deadline)
             .with_context(|| format!("etcd log:\n{}", tail(&dir.join("etcd.log"), 20)))?;
 
-        let port = free_port()?;
+        let (bind_address, port, advertise_address) = match flavour {
+            Flavour::Loopback => ("127.0.0.1", free_port()?, "127.0.0.1"),
+            Flavour::Node => {
+                crate::node::network::prepare()?;
+                (
+                    "0.0.0.0",
+                    crate::node::network::KUBERNETES_SERVICE_PORT,
+                    crate::node::network::NODE_IP,
+                )
+            }
+        };
         let sa_key = pki.service_account_key.display().to_string();
         let sa_public_key = pki.service_account_public_key.display().to_string();
-        let apiserver_args = vec![
+        let mut apiserver_args = vec![
             format!("--etcd-servers={etcd_url}"),
-            "--bind-address=127.0.0.1".to_owned(),
-            "--advertise-address=127.0.0.1".to_owned(),
+            format!("--bind-address={bind_address}"),
+            format!("--advertise-address={advertise_address}"),
             format!("--secure-port={port}"),
             format!("--cert-dir={}", dir.join("apiserver-certs").display()),
             format!("--tls-cert-file={}", pki.serving_cert.display()),
             format!("--tls-private-key-file={}", pki.serving_key.display()),
             format!("--client-ca-file={}", pki.ca_cert.display()),
             // RBAC for real, so least-privilege tests mean something.
-            "--authorization-mode=RBAC".to_owned(),
+            format!("--authorization-mode={}", flavour.authorization_mode()),
             format!("--service-account-key-file={sa_public_key}"),
             format!("--service-account-signing-key-file={sa_key}"),
             "--service-account-issuer=https://kubernetes.default.svc".to_owned(),
             "--api-audiences=https://kubernetes.default.svc".to_owned(),
             "--service-cluster-ip-range=10.96.0.0/16".to_owned(),
-            // No controller-manager runs here, so no namespace gets its default
-            // ServiceAccount: the admission plugin would refuse every pod.
-            "--disable-admission-plugins=ServiceAccount".to_owned(),
             "--allow-privileged=true".to_owned(),
             "--enable-priority-and-fairness=false".to_owned(),
             "--profiling=false".to_owned(),
@@ -216,6 +233,7 @@ impl ControlPlane {
             "--audit-log-maxsize=1000".to_owned(),
             "--v=0".to_owned(),
         ];
+        apiserver_args.extend(flavour.apiserver_args(&pki, &dir)?);
         let apiserver_log = dir.join("kube-apiserver.log");
         let mut apiserver = Supervised::spawn(
             "kube-apiserver",
@@ -265,6 +283,12 @@ impl ControlPlane {
         client_from_yaml(&self.kubeconfig_yaml(&AuthInfo::AdminCertificate)).await
     }
 
+    /// The control plane's certificates: its CA, and client certificates
+    /// signed by it.
+    pub fn pki(&self) -> &Pki {
+        &self.pki
+    }
+
     /// The apiserver's audit log: one JSON event per line.
     pub fn audit_log(&self) -> PathBuf {
         self.dir.join("audit.log")
@@ -280,6 +304,11 @@ impl ControlPlane {
                 b64(&self.pki.admin_key_pem)
             ),
             AuthInfo::Token(token) => format!("    token: {token}\n"),
+            AuthInfo::ClientCertificate { cert, key } => format!(
+                "    client-certificate-data: {}\n    client-key-data: {}\n",
+                b64(cert),
+                b64(key)
+            ),
         };
         format!(
             "apiVersion: v1\nkind: Config\nclusters:\n- name: local\n  cluster:\n    server: {}\n    certificate-authority-data: {}\ncontexts:\n- name: local\n  context:\n    cluster: local\n    user: user\n    namespace: default\ncurrent-context: local\nusers:\n- name: user\n  user:\n{user}",
@@ -417,6 +446,60 @@ where
 pub enum AuthInfo {
     AdminCertificate,
     Token(String),
+    /// A client certificate and key (PEM), e.g. from [`Pki::client_certificate`].
+    ClientCertificate {
+        cert: String,
+        key: String,
+    },
+}
+
+/// What the control plane serves.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Flavour {
+    /// Tests and tools on loopback; no node, so no ServiceAccount admission
+    /// (no controller-manager gives namespaces their default ServiceAccount:
+    /// the plugin would refuse every pod).
+    Loopback,
+    /// A real node beside it, in the node sandbox.
+    Node,
+}
+
+impl Flavour {
+    fn of_this_process() -> Self {
+        if crate::node::sandbox::name().is_some() {
+            Flavour::Node
+        } else {
+            Flavour::Loopback
+        }
+    }
+
+    fn authorization_mode(self) -> &'static str {
+        match self {
+            Flavour::Loopback => "RBAC",
+            // The kubelet's identity may read only what its own pods use.
+            Flavour::Node => "Node,RBAC",
+        }
+    }
+
+    fn apiserver_args(self, pki: &Pki, dir: &Path) -> Result<Vec<String>> {
+        Ok(match self {
+            Flavour::Loopback => vec!["--disable-admission-plugins=ServiceAccount".to_owned()],
+            Flavour::Node => {
+                let (cert, key) = pki
+                    .client_certificate("kube-apiserver-kubelet-client", Some("system:masters"))?;
+                let cert_path = dir.join("pki").join("kubelet-client.crt");
+                let key_path = dir.join("pki").join("kubelet-client.key");
+                std::fs::write(&cert_path, cert)?;
+                std::fs::write(&key_path, key)?;
+                vec![
+                    "--enable-admission-plugins=NodeRestriction".to_owned(),
+                    "--kubelet-preferred-address-types=InternalIP".to_owned(),
+                    format!("--kubelet-client-certificate={}", cert_path.display()),
+                    format!("--kubelet-client-key={}", key_path.display()),
+                ]
+            }
+        })
+    }
 }
 
 pub(crate) async fn client_from_yaml(yaml: &str) -> Result<Client> {

@@ -5,6 +5,10 @@
 //! One control plane per test binary: it starts on first use and stops when
 //! the test process exits, however it exits (see [`process`]).
 //!
+//! The node tier adds a real node to it ([`node`]): kubelet, containerd,
+//! kube-controller-manager and kube-scheduler, inside a sandbox of namespaces
+//! of its own.
+//!
 //! End-to-end tests run Flux's real helm-controller on that control plane
 //! ([`real_helm_controller`]), with a loopback artifact server standing in for
 //! source-controller.
@@ -22,6 +26,7 @@ pub mod fault_proxy;
 pub mod fixtures;
 pub mod guard;
 pub mod helm_controller;
+pub mod node;
 pub mod process;
 pub mod seeded;
 

@@ -23,7 +23,7 @@ use plunger::names;
 use serde_json::{Value, json};
 
 use crate::artifact_server::artifact_server;
-use crate::chart::{CHART_NAME, CHART_VERSION, configmap_name, demo_chart};
+use crate::chart::{CHART_NAME, CHART_VERSION, ChartArchive, configmap_name, demo_chart};
 use crate::control_plane::{AuthInfo, control_plane, free_port, tail, tool, workspace_root};
 use crate::fixtures::TestNamespace;
 use crate::process::Supervised;
@@ -252,6 +252,18 @@ pub async fn create_demo_release(
 /// writes the status source-controller would: ready, with an artifact whose
 /// URL serves the demo chart and whose digest matches it.
 pub async fn serve_demo_chart(ns: &TestNamespace, name: &str) -> Result<DynamicObject> {
+    serve_chart(ns, name, CHART_NAME, CHART_VERSION, demo_chart()?).await
+}
+
+/// As [`serve_demo_chart`], for any packaged chart: `chart_name` at
+/// `chart_version` served from `archive`.
+pub async fn serve_chart(
+    ns: &TestNamespace,
+    name: &str,
+    chart_name_in_archive: &str,
+    chart_version: &str,
+    archive: ChartArchive,
+) -> Result<DynamicObject> {
     let charts: Api<DynamicObject> =
         Api::namespaced_with(ns.client.clone(), &ns.name, &helmchart_resource());
     let chart_name = helmchart_name(&ns.name, name);
@@ -267,9 +279,8 @@ pub async fn serve_demo_chart(ns: &TestNamespace, name: &str) -> Result<DynamicO
         },
     )
     .await?;
-    let archive = demo_chart()?;
     let path = format!(
-        "helmchart/{}/{chart_name}/{CHART_NAME}-{CHART_VERSION}.tgz",
+        "helmchart/{}/{chart_name}/{chart_name_in_archive}-{chart_version}.tgz",
         ns.name
     );
     let size = archive.bytes.len();
@@ -281,14 +292,14 @@ pub async fn serve_demo_chart(ns: &TestNamespace, name: &str) -> Result<DynamicO
     let now = "2026-01-01T00:00:00Z";
     let status = json!({"status": {
         "observedGeneration": generation,
-        "observedChartName": CHART_NAME,
+        "observedChartName": chart_name_in_archive,
         "conditions": [{
             "type": "Ready", "status": "True", "reason": "ChartPullSucceeded",
-            "message": format!("pulled '{CHART_NAME}' chart with version '{CHART_VERSION}'"),
+            "message": format!("pulled '{chart_name_in_archive}' chart with version '{chart_version}'"),
             "lastTransitionTime": now, "observedGeneration": generation,
         }],
         "artifact": {
-            "path": path, "url": url, "revision": CHART_VERSION,
+            "path": path, "url": url, "revision": chart_version,
             "digest": archive.digest, "lastUpdateTime": now, "size": size,
         },
     }});

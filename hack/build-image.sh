@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# Builds, offline, the project's image (Dockerfile) and the node tier's pod
+# sandbox image (bins/pause/Dockerfile), each FROM scratch around static
+# binaries built here for the musl target: with Docker where an engine
+# answers, else with buildah (its storage private to OUT_DIR, so no host image
+# store is touched). Each image is checked (every binary runs `--version` in
+# it, as the image's user), its size printed, and written as an OCI archive
+# NAME.oci.tar beside a file NAME.ref naming its reference, which the node
+# tier imports into its containerd.
+#
+# Usage: hack/build-image.sh IMAGE_REF OUT_DIR
+set -euo pipefail
+image=${1:?usage: build-image.sh IMAGE_REF OUT_DIR}
+out=${2:?usage: build-image.sh IMAGE_REF OUT_DIR}
+root=$(cd "$(dirname "$0")/.." && pwd)
+target=${IMAGE_RUST_TARGET:-x86_64-unknown-linux-musl}
+binaries=(flux-plunger flux-plunger-drain flux-plunger-sweep)
+pause_image=localhost/flux-plunger/pause:latest
+
+step() { printf '>> %s\n' "$*"; }
+
+step "static binaries (cargo build --release --target $target; cold: several minutes on 2 cores)"
+cargo build --locked --release --target "$target" \
+  -p flux-plunger -p flux-plunger-drain -p flux-plunger-sweep -p pause
+built="$root/target/$target/release"
+for binary in "${binaries[@]}" pause; do
+  # A scratch image has no loader: refuse anything dynamically linked.
+  if readelf -l "$built/$binary" | grep -q 'Requesting program interpreter'; then
+    echo "$built/$binary is dynamically linked; the image has no libc" >&2
+    exit 1
+  fi
+done
+
+if command -v docker >/dev/null 2>&1 && docker info >/dev/null 2>&1; then
+  engine=docker
+elif command -v buildah >/dev/null 2>&1; then
+  engine=buildah
+  storage=(--root "$out/containers/storage" --runroot "$out/containers/run" --storage-driver vfs)
+else
+  echo "make image: neither a Docker engine (docker info failed) nor buildah is available; no image was built" >&2
+  exit 1
+fi
+step "building with $engine, nothing pulled"
+
+# build NAME REF DOCKERFILE FILES...: a context of exactly FILES, the image,
+# its archive and its .ref.
+build() {
+  local name=$1 ref=$2 dockerfile=$3; shift 3
+  local context="$out/context/$name"
+  rm -rf "$context"; mkdir -p "$context"
+  cp "$@" "$context/"
+  rm -f "$out/$name.oci.tar"
+  case $engine in
+    docker)
+      docker build --quiet --pull=false --network none -f "$dockerfile" -t "$ref" "$context" >/dev/null
+      docker save -o "$out/$name.oci.tar" "$ref"
+      ;;
+    buildah)
+      buildah "${storage[@]}" build --quiet --pull-never --network none --layers=false \
+        -f "$dockerfile" -t "$ref" "$context" >/dev/null
+      buildah "${storage[@]}" push --quiet "$ref" "oci-archive:$out/$name.oci.tar:$ref"
+      ;;
+  esac
+  printf '%s\n' "$ref" > "$out/$name.ref"
+}
+
+# run REF PROGRAM ARGS...: PROGRAM run inside the image, without a network.
+run() {
+  local ref=$1; shift
+  case $engine in
+    docker) docker run --rm --network none --entrypoint "$1" "$ref" "${@:2}" ;;
+    buildah)
+      local container
+      container=$(buildah "${storage[@]}" from --pull-never --quiet "$ref")
+      # chroot isolation: no OCI runtime, no cgroup, nothing left behind
+      # (and the host's network, which `--version` never uses).
+      buildah "${storage[@]}" run --isolation chroot "$container" -- "$@" \
+        || { buildah "${storage[@]}" rm "$container" >/dev/null; return 1; }
+      buildah "${storage[@]}" rm "$container" >/dev/null
+      ;;
+  esac
+}
+
+size() {
+  case $engine in
+    docker) docker image inspect --format '{{.Size}}' "$1" | awk '{printf "%.1f MiB\n", $1 / 1048576}' ;;
+    buildah) buildah "${storage[@]}" images --format '{{.Size}}' "$1" ;;
+  esac
+}
+
+mkdir -p "$out"
+build flux-plunger "$image" "$root/Dockerfile" "${binaries[@]/#/$built/}"
+for binary in "${binaries[@]}"; do
+  printf '   %-20s ' "$binary:"
+  run "$image" "$binary" --version
+done
+case $engine in
+  docker) user=$(docker image inspect --format '{{.Config.User}}' "$image") ;;
+  buildah) user=$(buildah "${storage[@]}" inspect --format '{{.OCIv1.Config.User}}' "$image") ;;
+esac
+[ "$user" = 65532:65532 ] || { echo "the image runs as '$user', not 65532:65532" >&2; exit 1; }
+echo "   runs as $user"
+step "image $image: $(size "$image") ($out/flux-plunger.oci.tar)"
+
+build pause "$pause_image" "$root/bins/pause/Dockerfile" "$built/pause"
+step "pod sandbox image $pause_image: $(size "$pause_image") ($out/pause.oci.tar)"
