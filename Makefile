@@ -172,7 +172,7 @@ image: node-packages rust-image-target ## Build the image offline (static musl b
 ##@ Test
 
 .PHONY: test
-test: test-log-reset lint tools test-unit test-envtest test-chart test-bats e2e ## Run every test tier (what CI runs).
+test: test-log-reset lint tools test-unit test-envtest test-chart test-bats e2e test-node ## Run every test tier (what CI runs).
 	@echo ">> every test tier passed"
 	@hack/test-summary.sh $(TEST_LOG)
 
@@ -193,7 +193,7 @@ test-envtest: tools ## Integration tests against the local control plane.
 	@# `cargo test` builds a package's binaries only for its own tests.
 	cargo build --workspace --locked --bins
 	@mkdir -p $(TEST_LOG)
-	$(CARGO_TEST) --test '*' --exclude chart-contract --exclude e2e 2>&1 | tee $(TEST_LOG)/envtest.log
+	$(CARGO_TEST) --test '*' --exclude chart-contract --exclude e2e --exclude real-node 2>&1 | tee $(TEST_LOG)/envtest.log
 	@hack/check-no-leftovers.sh
 
 # The chart's suites live in chart-tests/, beside the chart rather than inside
@@ -239,6 +239,21 @@ e2e: tools ## End-to-end tests against Flux's real helm-controller, once per ver
 	    | tee $(TEST_LOG)/e2e-$$v.log || exit 1; \
 	  echo ">> helm-controller $$v: e2e passed in $$(( SECONDS - started ))s"; \
 	done
+	@hack/check-no-leftovers.sh
+
+# The node tier's tests share one node; each installs a cluster-wide
+# flux-plunger, so they take turns whatever the thread count.
+NODE_THREADS ?= 4
+
+.PHONY: test-node
+test-node: tools node-packages image ## The chart on a real node (kubelet, containerd, controller-manager, scheduler) in hack/node-sandbox.sh: its pods, sidecar and hook Job run for real; helm and the real helm-controller install it.
+	$(call step,building the node tier's tests)
+	cargo test --locked -p real-node --no-run
+	$(call step,node tier: the chart on a real node, in hack/node-sandbox.sh (about 5 minutes warm))
+	@mkdir -p $(TEST_LOG)
+	@# --offline: the sandbox has no network, and everything is built already.
+	hack/node-sandbox.sh cargo test --locked --offline -p real-node --tests -- --test-threads=$(NODE_THREADS) 2>&1 \
+	  | tee $(TEST_LOG)/node.log
 	@hack/check-no-leftovers.sh
 
 # Seeds of the randomized interleavings (bins/plunger/tests/interleavings.rs)

@@ -1,0 +1,347 @@
+//! The drain under the kubelet's real stop: a rollout and a deleted pod, with
+//! fences held, and a drain the apiserver refuses, cut by the real SIGKILL.
+//! Whoever writes, one pod at a time, read from the apiserver's audit log.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use anyhow::{Context, Result, ensure};
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use kube::api::{DeleteParams, Patch, PatchParams};
+use plunger::timings::Timings;
+use real_node::{
+    CONTROLLER, DRAIN, Ended, Gone, OnNode, ended, fenced_releases, name_of, requests_by_pod,
+    still_held, watch_until_gone,
+};
+use testkit::TestNamespace;
+use testkit::audit::AuditedRequest;
+
+/// The smallest grace period the chart takes: the tightest timings.
+const G: u64 = 40;
+
+/// How the old pod stopped, as the kubelet reported it before the pod went.
+struct Stopped {
+    /// When the pod was deleted (its deletionTimestamp less its grace period).
+    deleted_at: Timestamp,
+    grace: SignedDuration,
+    controller: Ended,
+    drain: Ended,
+}
+
+impl Stopped {
+    fn of(gone: &Gone) -> Result<Self> {
+        let deleting = &gone.deleting.metadata;
+        let grace = SignedDuration::from_secs(
+            deleting
+                .deletion_grace_period_seconds
+                .context("the pod was not deleted gracefully")?,
+        );
+        // The apiserver sets deletionTimestamp to the delete's time plus the
+        // grace period.
+        let deadline = deleting
+            .deletion_timestamp
+            .as_ref()
+            .context("the pod has no deletionTimestamp")?
+            .0;
+        let last = &gone.last;
+        Ok(Self {
+            deleted_at: deadline - grace,
+            grace,
+            controller: ended(last, CONTROLLER).context("the controller's end was not reported")?,
+            drain: ended(last, DRAIN).context("the drain sidecar's end was not reported")?,
+        })
+    }
+
+    /// The controller exited within its stop bound, and the kubelet stopped
+    /// the native sidecar only after it (the drain never races the controller).
+    fn check_order(&self) -> Result<()> {
+        let stop = self.controller.finished_at.duration_since(self.deleted_at);
+        // finishedAt is in whole seconds: one more for the rounding.
+        let bound = SignedDuration::try_from(plunger::timings::CONTROLLER_STOP_BOUND)?
+            + SignedDuration::from_secs(1);
+        ensure!(
+            stop <= bound,
+            "the controller took {stop:#} to stop after the delete (bound {bound:#})"
+        );
+        ensure!(
+            self.controller.exit_code == 0,
+            "the controller exited {}",
+            self.controller.exit_code
+        );
+        ensure!(
+            self.drain.finished_at >= self.controller.finished_at,
+            "the drain sidecar ended ({}) before the controller ({})",
+            self.drain.finished_at,
+            self.controller.finished_at
+        );
+        Ok(())
+    }
+}
+
+/// The audit log's view of two pods of one ServiceAccount: the old one
+/// stopping, the new one taking over.
+struct Writers {
+    old: Vec<AuditedRequest>,
+    new: Vec<AuditedRequest>,
+}
+
+impl Writers {
+    fn read(offset: u64, user: &str, old: &str, new: &str) -> Result<Self> {
+        let mut by_pod: BTreeMap<String, Vec<AuditedRequest>> = requests_by_pod(offset, user)?;
+        Ok(Self {
+            old: by_pod.remove(old).unwrap_or_default(),
+            new: by_pod.remove(new).unwrap_or_default(),
+        })
+    }
+
+    /// One writer at a time: the new pod's first write (its Lease acquire)
+    /// reached the apiserver after the old pod's last request was answered.
+    fn check_single_writer(&self) -> Result<()> {
+        let last_old = self
+            .old
+            .iter()
+            .map(|r| r.at)
+            .max()
+            .context("no request by the old pod")?;
+        let first_new_write = self
+            .new
+            .iter()
+            .filter(|r| r.is_write())
+            .map(|r| r.received_at)
+            .min()
+            .context("no write by the new pod")?;
+        ensure!(
+            first_new_write > last_old,
+            "the new pod wrote at {first_new_write} while the old one still sent requests (last answered {last_old})"
+        );
+        Ok(())
+    }
+
+    /// From the old pod's last Lease write (its drain's handover, or its last
+    /// renewal) to the new pod's first.
+    fn handover(&self) -> Result<SignedDuration> {
+        let lease_writes = |requests: &[AuditedRequest]| -> Vec<Timestamp> {
+            requests
+                .iter()
+                .filter(|r| r.resource() == "leases" && r.is_write() && r.succeeded())
+                .map(|r| r.at)
+                .collect()
+        };
+        let old = *lease_writes(&self.old)
+            .iter()
+            .max()
+            .context("the old pod never wrote its Lease")?;
+        let new = *lease_writes(&self.new)
+            .iter()
+            .min()
+            .context("the new pod never took the Lease")?;
+        Ok(new.duration_since(old))
+    }
+
+    /// The old pod's HelmRelease writes: the drain's (the controller watches
+    /// another namespace).
+    fn old_release_writes(&self) -> Vec<&AuditedRequest> {
+        self.old
+            .iter()
+            .filter(|r| r.resource() == "helmreleases" && r.is_write())
+            .collect()
+    }
+}
+
+/// The chart, installed at G = 40 and watching only its own namespace (so
+/// that the fences in `fences` are the drain's alone to release), with its
+/// pod Ready and leading.
+async fn installed(prefix: &str) -> Result<(OnNode, Pod)> {
+    let on = OnNode::new(prefix).await?;
+    let watch = format!("controller.watchNamespaces={{{}}}", on.ns().name);
+    on.install(&[&format!("shutdownGracePeriodSeconds={G}"), &watch])?;
+    let pod = on.ready_pod(None).await?;
+    on.wait_lease_held_by(&name_of(&pod)).await?;
+    Ok((on, pod))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rollout_drains_the_old_pod_after_its_controller_and_hands_over_to_the_new_one()
+-> Result<()> {
+    let _turn = testkit::cluster_wide_turn().await;
+    let (on, old) = installed("node-rollout").await?;
+    let fences = TestNamespace::create(&on.ns().client, "node-rollout-fences").await?;
+    let fenced = fenced_releases(&fences, 20).await?;
+
+    let offset = testkit::audit::mark();
+    let old_name = name_of(&old);
+    let pods = on.pods();
+    let watched =
+        tokio::spawn(
+            async move { watch_until_gone(&pods, &old_name, real_node::POD_TIMEOUT).await },
+        );
+    // A value change: a new pod template, so a rollout.
+    tokio::task::block_in_place(|| on.upgrade(&["podAnnotations.rollout=again"]))?;
+    let gone = watched.await??;
+    let stopped = Stopped::of(&gone)?;
+    stopped.check_order()?;
+    ensure!(
+        stopped.drain.exit_code == 0,
+        "the drain exited {}",
+        stopped.drain.exit_code
+    );
+
+    let new = on.ready_pod(Some(&name_of(&old))).await?;
+    on.wait_lease_held_by(&name_of(&new)).await?;
+    ensure!(
+        still_held(&fences).await?.is_empty(),
+        "fences left: {:?}",
+        still_held(&fences).await?
+    );
+
+    let writers = Writers::read(
+        offset,
+        &on.controller_user(),
+        &name_of(&old),
+        &name_of(&new),
+    )?;
+    writers.check_single_writer()?;
+    let drain_writes = writers.old_release_writes();
+    ensure!(
+        drain_writes.len() >= fenced.len(),
+        "the drain wrote {} times for {} fences",
+        drain_writes.len(),
+        fenced.len()
+    );
+    // finishedAt is in whole seconds: compare with the second it names.
+    let controller_exit = stopped.controller.finished_at;
+    for write in &drain_writes {
+        ensure!(
+            write.received_at >= controller_exit,
+            "a release was written at {} by the old pod, before its controller exited ({controller_exit})",
+            write.received_at
+        );
+    }
+    let handover = writers.handover()?;
+    let lease_duration = SignedDuration::try_from(Timings::from_grace_period(G)?.lease_duration)?;
+    eprintln!(
+        "rollout: controller stopped {:#} after the delete, drain of {} fences ended {:#} after it; \
+         handover (old pod's last Lease write to the new pod's first) {handover:#}",
+        stopped
+            .controller
+            .finished_at
+            .duration_since(stopped.deleted_at),
+        fenced.len(),
+        stopped
+            .drain
+            .finished_at
+            .duration_since(stopped.controller.finished_at),
+    );
+    // Far less than the Lease's duration: the drain handed the Lease over
+    // instead of letting it run out.
+    ensure!(
+        handover < lease_duration / 2,
+        "the handover took {handover:#}, not within seconds (the Lease runs {lease_duration:#})"
+    );
+    on.remove()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_the_apiserver_refuses_is_cut_by_the_kill_and_the_next_pod_waits_out_the_lease()
+-> Result<()> {
+    let _turn = testkit::cluster_wide_turn().await;
+    let (on, old) = installed("node-cut").await?;
+    let fences = TestNamespace::create(&on.ns().client, "node-cut-fences").await?;
+    let fenced = fenced_releases(&fences, 3).await?;
+    let user = on.controller_user();
+    let refusal = fences
+        .refuse(
+            "no-drain",
+            serde_json::json!({"apiGroups": ["helm.toolkit.fluxcd.io"], "apiVersions": ["*"],
+                "operations": ["UPDATE"], "resources": ["helmreleases"]}),
+            &format!("request.userInfo.username != '{user}'"),
+            "test: the drain's writes are refused",
+        )
+        .await?;
+    wait_until_refused(&on, &fences, &fenced[0]).await?;
+
+    // A grace period shorter than the drain's deadline (G - 25 = 15 s): the
+    // kubelet's SIGKILL ends the drain, which keeps retrying refused writes.
+    let offset = testkit::audit::mark();
+    let old_name = name_of(&old);
+    on.pods()
+        .delete(
+            &old_name,
+            &DeleteParams {
+                grace_period_seconds: Some(8),
+                ..Default::default()
+            },
+        )
+        .await?;
+    let gone = watch_until_gone(&on.pods(), &old_name, real_node::POD_TIMEOUT).await?;
+    let stopped = Stopped::of(&gone)?;
+    ensure!(
+        stopped.grace == SignedDuration::from_secs(8),
+        "deleted with {:#}",
+        stopped.grace
+    );
+    stopped.check_order()?;
+    ensure!(
+        stopped.drain.exit_code == 137,
+        "the drain was not killed (exit {}): it should still have been retrying",
+        stopped.drain.exit_code
+    );
+    ensure!(
+        still_held(&fences).await?.len() == fenced.len(),
+        "a refused fence was released"
+    );
+
+    // The next pod leads only once the Lease the killed drain kept renewing
+    // has run out: one writer at a time even without a handover.
+    let new = on.ready_pod(Some(&old_name)).await?;
+    on.wait_lease_held_by(&name_of(&new)).await?;
+    let writers = Writers::read(offset, &user, &old_name, &name_of(&new))?;
+    writers.check_single_writer()?;
+    let lease_duration = SignedDuration::try_from(Timings::from_grace_period(G)?.lease_duration)?;
+    let waited = writers.handover()?;
+    ensure!(
+        waited >= lease_duration - SignedDuration::from_secs(1),
+        "the new pod took the Lease {waited:#} after the killed pod's last renewal (the Lease runs {lease_duration:#})"
+    );
+    eprintln!(
+        "cut by the kill: the next pod took the Lease {waited:#} after the killed drain's last renewal"
+    );
+
+    refusal.lift().await?;
+    testkit::strip_fences(&fences).await?;
+    on.remove()
+}
+
+/// Waits until the apiserver enforces the refusal on the controller's
+/// ServiceAccount (a new admission policy takes a moment).
+async fn wait_until_refused(on: &OnNode, fences: &TestNamespace, release: &str) -> Result<()> {
+    let plane = testkit::control_plane();
+    let as_controller = plane
+        .service_account_client(&on.ns().client, &on.ns().name, &on.fullname)
+        .await?;
+    let releases = plunger::release::helmreleases(as_controller, &fences.name);
+    let probe = serde_json::json!({"metadata": {"annotations": {"probe": "refused?"}}});
+    testkit::eventually(
+        Duration::from_secs(30),
+        "the refusal to be enforced",
+        || {
+            let releases = releases.clone();
+            let probe = probe.clone();
+            async move {
+                Ok(releases
+                    .patch(
+                        release,
+                        &PatchParams {
+                            dry_run: true,
+                            ..Default::default()
+                        },
+                        &Patch::Merge(&probe),
+                    )
+                    .await
+                    .is_err())
+            }
+        },
+    )
+    .await
+}
