@@ -5,3 +5,4 @@
 
 mod drain;
 mod flux;
+mod lifecycle;

@@ -1,0 +1,183 @@
+//! `helm install` of the chart on the node, the controller pod at work, and
+//! `helm uninstall` with its hook Job run by the real Job controller.
+
+use std::time::Duration;
+
+use anyhow::{Context, Result, ensure};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::Pod;
+use kube::Api;
+use kube::api::{ListParams, LogParams};
+use plunger::names::FENCE_FINALIZER;
+use plunger::release::ReleaseView;
+use real_node::{CONTROLLER, DRAIN, OnNode, container_status, http_get, name_of};
+use testkit::node::NODE_NAME;
+use testkit::{TestNamespace, eventually};
+
+/// A stuck release as helm-controller leaves it: revision 1 superseded,
+/// revision 2 `uninstalling`, `Ready=False` with "has no deployed releases".
+async fn stuck_release(ns: &TestNamespace, name: &str) -> Result<()> {
+    ns.create_release(name, serde_json::json!({})).await?;
+    ns.create_storage_secret(name, 1, "superseded").await?;
+    ns.create_storage_secret(name, 2, "uninstalling").await?;
+    ns.mark_stuck(name).await?;
+    Ok(())
+}
+
+/// A finalizer of the test's own: it keeps the deleted release whatever a
+/// real helm-controller running in this process does (it handles only
+/// releases that carry its own finalizer).
+const KEEP: &str = "node-tier.test/keep";
+
+/// A release being deleted that no helm-controller has uninstalled (nothing
+/// observed its generation), fenced by flux-plunger: the fence holds it, and
+/// nothing but the hook lets go of it once flux-plunger is removed.
+async fn deleted_release_awaiting_uninstall(ns: &TestNamespace, name: &str) -> Result<()> {
+    ns.create_release(name, serde_json::json!({})).await?;
+    let releases = ns.releases();
+    let patch = serde_json::json!({"metadata": {"finalizers": [KEEP]}});
+    releases
+        .patch(name, &Default::default(), &kube::api::Patch::Merge(&patch))
+        .await?;
+    ns.apply_as_flux_plunger(name, false).await?;
+    releases.delete(name, &Default::default()).await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_chart_installs_recovers_a_stuck_release_and_uninstalls_through_its_hook_job()
+-> Result<()> {
+    let _turn = testkit::cluster_wide_turn().await;
+    let on = OnNode::new("node-life").await?;
+    let ns = on.ns();
+
+    // Installed with the image built here: the pod is Ready, which the chart's
+    // readiness probe (/readyz) says only once the HelmRelease watch synced.
+    on.install(&["shutdownGracePeriodSeconds=40"])?;
+    let pod = on.ready_pod(None).await?;
+    let pod_name = name_of(&pod);
+    let spec = pod.spec.as_ref().context("pod spec")?;
+    ensure!(
+        spec.node_name.as_deref() == Some(NODE_NAME),
+        "scheduled on {:?}",
+        spec.node_name
+    );
+    for container in [CONTROLLER, DRAIN] {
+        let status = container_status(&pod, container).context(container)?;
+        ensure!(
+            status.state.as_ref().is_some_and(|s| s.running.is_some()),
+            "{container} is not running: {status:?}"
+        );
+        ensure!(
+            status.restart_count == 0,
+            "{container} restarted: {status:?}"
+        );
+    }
+    on.wait_lease_held_by(&pod_name).await?;
+
+    // /metrics on the pod's own address, as Prometheus scrapes it.
+    let pod_ip = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.pod_ip.clone())
+        .context("the pod has no IP")?;
+    let metrics = http_get(&format!("{pod_ip}:8080"), "/metrics").await?;
+    ensure!(
+        metrics.lines().any(|l| l == "flux_plunger_leader 1"),
+        "the pod's /metrics does not say it leads:\n{metrics}"
+    );
+
+    // The controller in the pod recovers a stuck release.
+    let apps = TestNamespace::create(&ns.client, "node-life-apps").await?;
+    stuck_release(&apps, "web").await?;
+    eventually(
+        Duration::from_secs(60),
+        "the stuck release recovered",
+        || apps.is_recovered("web", 2),
+    )
+    .await
+    .with_context(|| on.node.logs_for_failure())?;
+    ensure!(
+        apps.secret_names().await? == [plunger::names::storage_secret_name("web", 1)],
+        "storage after the recovery: {:?}",
+        apps.secret_names().await?
+    );
+    let metrics = http_get(&format!("{pod_ip}:8080"), "/metrics").await?;
+    ensure!(
+        metrics
+            .lines()
+            .any(|l| l == r#"flux_plunger_recoveries_total{result="recovered"} 1"#),
+        "the recovery is not counted:\n{metrics}"
+    );
+
+    // A release being deleted, fenced and waiting for an uninstall that will
+    // not come: the drain holds it to its deadline, then the hook lets go.
+    deleted_release_awaiting_uninstall(&apps, "held").await?;
+
+    // helm uninstall runs the hook Job on the node and waits for it.
+    let uninstalled = on
+        .setup
+        .helm(&["uninstall", &on.release, "--wait", "--timeout=5m"])?;
+    chart_contract::install::succeeded(uninstalled, "helm uninstall")
+        .with_context(|| on.node.logs_for_failure())?;
+
+    let jobs: Api<Job> = Api::namespaced(ns.client.clone(), &ns.name);
+    let hook = jobs
+        .get(&format!("{}-pre-delete", on.fullname))
+        .await
+        .context("the hook Job is kept after success (ttlSecondsAfterFinished)")?;
+    let complete = hook
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| {
+            c.iter()
+                .any(|c| c.type_ == "Complete" && c.status == "True")
+        });
+    ensure!(complete, "the hook Job did not complete: {:?}", hook.status);
+    let hook_pods: Api<Pod> = Api::namespaced(ns.client.clone(), &ns.name);
+    let hook_pod = hook_pods
+        .list(&ListParams::default().labels(&format!("job-name={}-pre-delete", on.fullname)))
+        .await?
+        .items
+        .into_iter()
+        .next()
+        .context("the hook Job's pod")?;
+    let hook_spec = hook_pod.spec.as_ref().context("hook pod spec")?;
+    ensure!(
+        hook_spec.service_account_name.as_deref()
+            == Some(format!("{}-pre-delete", on.fullname).as_str()),
+        "the hook runs as {:?}",
+        hook_spec.service_account_name
+    );
+    ensure!(hook_spec.node_name.as_deref() == Some(NODE_NAME));
+    // The report, read through the apiserver from the kubelet.
+    let report = hook_pods
+        .logs(&name_of(&hook_pod), &LogParams::default())
+        .await?;
+    ensure!(
+        report.contains(&format!("released {}/held WITHOUT an uninstall", apps.name))
+            && report.contains("released 1 of 1 fenced HelmReleases, 1 without an uninstall"),
+        "the hook's report:\n{report}"
+    );
+
+    // Nothing of flux-plunger is left: no Deployment, no pod, no Lease, no fence.
+    let deployments: Api<Deployment> = Api::namespaced(ns.client.clone(), &ns.name);
+    ensure!(deployments.get_opt(&on.fullname).await?.is_none());
+    ensure!(
+        on.pods()
+            .list(&ListParams::default().labels(&on.selector()))
+            .await?
+            .items
+            .is_empty(),
+        "controller pods are left"
+    );
+    ensure!(on.lease().await?.is_none(), "the Lease is left");
+    let held = ReleaseView::from_object(&apps.releases().get("held").await?);
+    ensure!(
+        !held.finalizers.iter().any(|f| f == FENCE_FINALIZER),
+        "the fence is left"
+    );
+    Ok(())
+}
