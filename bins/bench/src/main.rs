@@ -19,6 +19,7 @@ mod burst;
 mod controller;
 mod memory;
 mod objects;
+mod scale;
 mod sizes;
 
 use std::collections::BTreeMap;
@@ -30,7 +31,7 @@ use anyhow::{Context, Result, bail};
 use futures::{StreamExt, stream};
 use kube::api::{Patch, PatchParams};
 use plunger::lease::{Attempt, LeaseLock};
-use plunger::names::{FENCE_FINALIZER, FIELD_MANAGER, HELMRELEASE_API_VERSION, HELMRELEASE_KIND};
+use plunger::names::FIELD_MANAGER;
 use serde_json::json;
 use testkit::control_plane::AuthInfo;
 use testkit::{TestNamespace, control_plane};
@@ -39,11 +40,17 @@ use tokio::process::Command;
 
 pub const RUNS: usize = 3;
 
+/// A release binary: from `$FLUX_PLUNGER_BENCH_BINARIES` when set (to
+/// measure another build, e.g. an earlier commit's), else this workspace's.
 pub fn release_binary(name: &str) -> Result<PathBuf> {
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| testkit::control_plane::workspace_root().join("target"));
-    let path = target.join("release").join(name);
+    let dir = match std::env::var_os("FLUX_PLUNGER_BENCH_BINARIES") {
+        Some(dir) => PathBuf::from(dir),
+        None => std::env::var_os("CARGO_TARGET_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| testkit::control_plane::workspace_root().join("target"))
+            .join("release"),
+    };
+    let path = dir.join(name);
     if !path.is_file() {
         bail!(
             "{} is missing: make bench builds it (cargo build --release)",
@@ -60,10 +67,13 @@ async fn fenced_releases(ns: &TestNamespace, count: usize) -> Result<()> {
         .map(|i| async move {
             let name = format!("r{i:04}");
             ns.create_release(&name, json!({})).await?;
-            let body = json!({"apiVersion": HELMRELEASE_API_VERSION, "kind": HELMRELEASE_KIND,
-                "metadata": {"name": name, "finalizers": [FENCE_FINALIZER]}, "spec": {"suspend": true}});
+            let body = testkit::fixtures::fence_body(&name, true);
             ns.releases()
-                .patch(&name, &PatchParams::apply(FIELD_MANAGER), &Patch::Apply(body))
+                .patch(
+                    &name,
+                    &PatchParams::apply(FIELD_MANAGER),
+                    &Patch::Apply(body),
+                )
                 .await?;
             anyhow::Ok(())
         })
@@ -74,7 +84,7 @@ async fn fenced_releases(ns: &TestNamespace, count: usize) -> Result<()> {
         .collect()
 }
 
-async fn kubeconfig(dir: &Path) -> Result<PathBuf> {
+pub(crate) async fn kubeconfig(dir: &Path) -> Result<PathBuf> {
     let path = dir.join("kubeconfig");
     control_plane().write_kubeconfig(&path, &AuthInfo::AdminCertificate)?;
     Ok(path)
@@ -83,7 +93,15 @@ async fn kubeconfig(dir: &Path) -> Result<PathBuf> {
 /// Starts a drain sidecar for `pod`, waits until it idles, SIGTERMs it and
 /// returns how long it took to exit.
 async fn drain_once(ns: &TestNamespace, pod: &str, dir: &Path) -> Result<Duration> {
-    let kubeconfig = kubeconfig(dir).await?;
+    signal_drain(ns, pod, &kubeconfig(dir).await?).await
+}
+
+/// [`drain_once`] with the given kubeconfig.
+pub(crate) async fn signal_drain(
+    ns: &TestNamespace,
+    pod: &str,
+    kubeconfig: &Path,
+) -> Result<Duration> {
     let mut child = Command::new(release_binary("flux-plunger-drain")?)
         .arg(format!("--kubeconfig={}", kubeconfig.display()))
         .arg("--log-encoding=console")
@@ -108,7 +126,7 @@ async fn drain_once(ns: &TestNamespace, pod: &str, dir: &Path) -> Result<Duratio
     Ok(started.elapsed())
 }
 
-async fn lead(ns: &TestNamespace, pod: &str) -> Result<()> {
+pub(crate) async fn lead(ns: &TestNamespace, pod: &str) -> Result<()> {
     let mut lock = LeaseLock::new(
         ns.client.clone(),
         &ns.name,
@@ -192,24 +210,31 @@ async fn bench_sweep(count: usize) -> Result<Duration> {
         let ns = TestNamespace::create(&client, "bench-sweep").await?;
         fenced_releases(&ns, count).await?;
         let dir = tempfile::tempdir()?;
-        let kubeconfig = kubeconfig(dir.path()).await?;
-        let started = Instant::now();
-        let output = Command::new(release_binary("flux-plunger-sweep")?)
-            .arg("hook")
-            .arg(format!("--kubeconfig={}", kubeconfig.display()))
-            .arg(format!("--namespace={}", ns.name))
-            .arg("--log-encoding=console")
-            .output()
-            .await?;
-        runs.push(started.elapsed());
-        if !output.status.success() {
-            bail!(
-                "the sweep failed: {}",
-                String::from_utf8_lossy(&output.stdout)
-            );
-        }
+        runs.push(run_sweep(&ns, &kubeconfig(dir.path()).await?).await?);
     }
     Ok(median(runs))
+}
+
+/// Runs the pre-delete hook over the cluster (no Deployment, no pods: it
+/// goes straight to the fences); returns how long it took.
+pub(crate) async fn run_sweep(ns: &TestNamespace, kubeconfig: &Path) -> Result<Duration> {
+    let started = Instant::now();
+    let output = Command::new(release_binary("flux-plunger-sweep")?)
+        .arg("hook")
+        .arg(format!("--kubeconfig={}", kubeconfig.display()))
+        .arg(format!("--namespace={}", ns.name))
+        .arg("--log-encoding=console")
+        .stdin(Stdio::null())
+        .output()
+        .await?;
+    let took = started.elapsed();
+    if !output.status.success() {
+        bail!(
+            "the sweep failed: {}",
+            String::from_utf8_lossy(&output.stdout)
+        );
+    }
+    Ok(took)
 }
 
 /// The figures, as printed and as written to `bench.json`.
@@ -325,6 +350,44 @@ async fn main() -> Result<()> {
             "pre-delete sweep, 500 fenced releases",
             secs(bench_sweep(500).await?),
         );
+    }
+
+    if wanted("scale") {
+        eprintln!(
+            ">> drain and sweep with {} releases, {} fenced ({RUNS} runs each, and one counted)",
+            scale::RELEASES,
+            scale::FENCES
+        );
+        let figures = scale::bench_scale(&admin).await?;
+        let mut scale_json = serde_json::Map::new();
+        for (what, f) in [("drain", figures.drain), ("sweep", figures.sweep)] {
+            let title = match what {
+                "drain" => "drain (SIGTERM to exit)",
+                _ => "pre-delete sweep",
+            };
+            report.row(
+                format!(
+                    "{title}, {} releases, {} fenced: time / requests / bytes received",
+                    scale::RELEASES,
+                    scale::FENCES
+                ),
+                format!(
+                    "{} / {} / {:.1} MiB",
+                    secs(f.took),
+                    f.requests,
+                    f.bytes as f64 / 1048576.0
+                ),
+            );
+            scale_json.insert(
+                what.into(),
+                json!({"seconds": f.took.as_secs_f64(), "requests": f.requests, "response_bytes": f.bytes}),
+            );
+        }
+        scale_json.insert("releases".into(), json!(scale::RELEASES));
+        scale_json.insert("fenced".into(), json!(scale::FENCES));
+        report
+            .json
+            .insert("scale".into(), serde_json::Value::Object(scale_json));
     }
 
     let mut idle = None;

@@ -11,8 +11,8 @@ use chart_contract::install::Setup;
 use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
 use kube::api::{Patch, PatchParams, PostParams};
+use plunger::names::FIELD_MANAGER;
 use plunger::names::reasons;
-use plunger::names::{FENCE_FINALIZER, FIELD_MANAGER, HELMRELEASE_API_VERSION, HELMRELEASE_KIND};
 use plunger::release::ReleaseView;
 use serde_json::json;
 use testkit::audit;
@@ -137,8 +137,7 @@ async fn the_controller_and_the_drain_need_nothing_beyond_the_charts_rbac() -> R
 
     // A fence left by a stop mid-recovery, drained by the sidecar under the same identity.
     apps.create_release("mid", json!({})).await?;
-    let body = json!({"apiVersion": HELMRELEASE_API_VERSION, "kind": HELMRELEASE_KIND,
-        "metadata": {"name": "mid", "finalizers": [FENCE_FINALIZER]}, "spec": {"suspend": true}});
+    let body = testkit::fixtures::fence_body("mid", true);
     apps.releases()
         .patch(
             "mid",

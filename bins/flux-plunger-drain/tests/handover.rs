@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use kube::api::{DeleteParams, Patch, PatchParams};
-use plunger::names::{FENCE_FINALIZER, FIELD_MANAGER, HELMRELEASE_API_VERSION, HELMRELEASE_KIND};
+use plunger::names::FIELD_MANAGER;
 use serde_json::json;
 use testkit::audit::{self, AuditedRequest};
 use testkit::control_plane::workspace_binary;
@@ -136,8 +136,7 @@ async fn the_next_pod_writes_only_after_the_first_pods_drain_and_leads_seconds_l
     ns.create_release("deleting", json!({})).await?;
     hc.install("deleting").await?;
     hc.handle("deleting").await?;
-    let body = json!({"apiVersion": HELMRELEASE_API_VERSION, "kind": HELMRELEASE_KIND,
-        "metadata": {"name": "deleting", "finalizers": [FENCE_FINALIZER]}, "spec": {"suspend": true}});
+    let body = testkit::fixtures::fence_body("deleting", true);
     ns.releases()
         .patch(
             "deleting",

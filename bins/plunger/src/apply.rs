@@ -5,22 +5,24 @@
 //! decided on it: a write landing in between makes it fail with 409 instead
 //! of being absorbed, and an apply for a release that has gone (and may have
 //! been re-created) can neither create nor touch another one. The body holds
-//! only identity, preconditions, and the two fields we claim, so it cannot
-//! send defaults (a typed body would) or take any other field.
+//! only identity, preconditions, and the two things we claim (the suspension;
+//! the fence with its label), so it cannot send defaults (a typed body would)
+//! or take any other field.
 
 use kube::Client;
 use kube::api::{DynamicObject, Patch, PatchParams};
 use serde_json::{Value, json};
 
 use crate::names::{
-    FENCE_FINALIZER, FIELD_MANAGER, HELMRELEASE_API_VERSION, HELMRELEASE_KIND,
-    PROCESSED_BELOW_UID_ANNOTATION, PROCESSED_VERSION_ANNOTATION, SHARED_FIELD_MANAGER,
+    FENCE_FINALIZER, FENCE_LABEL, FENCE_LABEL_VALUE, FIELD_MANAGER, HELMRELEASE_API_VERSION,
+    HELMRELEASE_KIND, PROCESSED_BELOW_UID_ANNOTATION, PROCESSED_VERSION_ANNOTATION,
+    SHARED_FIELD_MANAGER,
 };
 use crate::release::{ReleaseView, helmreleases};
 
 /// What one apply claims. A field left out is given up: `spec.suspend` falls
 /// back to unset when we were its only owner and stays when someone else
-/// co-owns it; the same for the fence.
+/// co-owns it; the same for the fence and the label that goes with it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Claim {
     pub suspend: bool,
@@ -59,6 +61,7 @@ pub fn apply_body(release: &ReleaseView, claim: Claim) -> Value {
     });
     if claim.fence {
         body["metadata"]["finalizers"] = json!([FENCE_FINALIZER]);
+        body["metadata"]["labels"] = json!({ FENCE_LABEL: FENCE_LABEL_VALUE });
     }
     if claim.suspend {
         body["spec"] = json!({ "suspend": true });
@@ -148,6 +151,7 @@ mod tests {
                     "name": "web", "namespace": "apps",
                     "resourceVersion": "42", "uid": "u-1",
                     "finalizers": ["flux-plunger.cozystack.io/uninstall-fence"],
+                    "labels": {"flux-plunger.cozystack.io/uninstall-fence": "held"},
                 },
                 "spec": {"suspend": true},
             })
@@ -159,6 +163,10 @@ mod tests {
         let body = apply_body(&release(), Claim::FENCE_ONLY);
         assert!(body.get("spec").is_none());
         assert_eq!(body["metadata"]["finalizers"], json!([FENCE_FINALIZER]));
+        assert_eq!(
+            body["metadata"]["labels"],
+            json!({FENCE_LABEL: FENCE_LABEL_VALUE})
+        );
     }
 
     #[test]
@@ -166,6 +174,7 @@ mod tests {
         let body = apply_body(&release(), Claim::NOTHING);
         assert!(body.get("spec").is_none());
         assert!(body["metadata"].get("finalizers").is_none());
+        assert!(body["metadata"].get("labels").is_none());
         assert_eq!(body["metadata"]["uid"], "u-1");
         assert_eq!(body["metadata"]["resourceVersion"], "42");
     }

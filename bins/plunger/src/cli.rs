@@ -5,7 +5,8 @@ use std::path::PathBuf;
 
 use clap::{Args, ValueEnum};
 
-use crate::timings::{GracePeriodError, Timings};
+use crate::client::bounded;
+use crate::timings::{GracePeriodError, REQUEST_TIMEOUT, Timings};
 
 /// How to reach the apiserver.
 #[derive(Args, Debug, Clone, Default)]
@@ -17,9 +18,24 @@ pub struct KubeArgs {
 }
 
 impl KubeArgs {
-    /// A client for the configured cluster.
+    /// A client for the configured cluster; every request but a watch is
+    /// bounded by [`REQUEST_TIMEOUT`](crate::timings::REQUEST_TIMEOUT).
     pub async fn client(&self) -> anyhow::Result<kube::Client> {
-        Ok(kube::Client::try_from(self.config().await?)?)
+        Ok(bounded(self.config().await?, REQUEST_TIMEOUT)?)
+    }
+
+    /// A client for a writer under the leader Lease: bounded like
+    /// [`Self::client`], and every write held back while `claim` is not
+    /// current (`plunger::client::bounded_writer`).
+    pub async fn writer_client(
+        &self,
+        claim: tokio::sync::watch::Receiver<crate::lease::Claim>,
+    ) -> anyhow::Result<kube::Client> {
+        Ok(crate::client::bounded_writer(
+            self.config().await?,
+            REQUEST_TIMEOUT,
+            claim,
+        )?)
     }
 
     /// A client for the configured cluster, once its apiserver has answered
@@ -33,7 +49,7 @@ impl KubeArgs {
     ) -> anyhow::Result<kube::Client> {
         let config = self.config().await?;
         let server = config.cluster_url.to_string();
-        let client = kube::Client::try_from(config)?;
+        let client = bounded(config, REQUEST_TIMEOUT)?;
         let deadline = std::time::Instant::now() + patience;
         loop {
             match client.apiserver_version().await {

@@ -49,10 +49,13 @@ pub enum Decision {
     /// Give up the fence alone; someone else's suspension is left as it is.
     DropFence { event: Option<EventSpec> },
     /// A delete waits for helm-controller's uninstall: keep the fence and look
-    /// again after `recheck`, whether or not helm-controller writes.
+    /// again after `recheck`, whether or not helm-controller writes. With
+    /// `label_fence`, the fence lacks its label (an older flux-plunger set
+    /// it): add the label, so that the drain and the hook select it.
     HoldFence {
         recheck: Duration,
         event: Option<EventSpec>,
+        label_fence: bool,
     },
     /// Stuck, not suspended, no fence: look at the Helm storage next.
     InspectStorage,
@@ -166,6 +169,7 @@ fn decide_terminating(release: &ReleaseView, clock: &Clock) -> Decision {
     Decision::HoldFence {
         recheck: clock.fence_recheck_interval,
         event,
+        label_fence: !release.fence_labelled,
     }
 }
 

@@ -58,6 +58,7 @@ fn ours(r: ReleaseView) -> ReleaseView {
 
 fn fenced(mut r: ReleaseView) -> ReleaseView {
     r.finalizers.push(FENCE_FINALIZER.into());
+    r.fence_labelled = true;
     r
 }
 
@@ -279,7 +280,22 @@ fn the_fence_stays_while_helm_controller_still_holds_its_finalizer() {
         decide(&r, &clock()),
         Decision::HoldFence {
             recheck: MINUTE,
-            event: None
+            event: None,
+            label_fence: false,
+        }
+    );
+}
+
+#[test]
+fn a_held_fence_an_older_flux_plunger_set_without_its_label_gets_the_label() {
+    let mut r = terminating(fenced(release()));
+    r.fence_labelled = false;
+    assert_eq!(
+        decide(&r, &clock()),
+        Decision::HoldFence {
+            recheck: MINUTE,
+            event: None,
+            label_fence: true,
         }
     );
 }

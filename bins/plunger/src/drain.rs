@@ -6,108 +6,329 @@
 //! through SPEC §5 until helm-controller has uninstalled it and the fence can
 //! go, or until the deadline. Each release is one `Reconciler::settle`, which
 //! never starts a recovery; releases are drained in parallel, bounded.
+//!
+//! The drain works until its deadline, whatever the apiserver does: a failed
+//! listing is retried (a read is always safe), a write waits while the
+//! Lease's claim has lapsed, and nothing it waits on outlives the deadline.
+//! However it ends, its report says what it left.
 
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use futures::{StreamExt, stream};
 use kube::Client;
+use tokio::sync::watch;
 
+use crate::lease::Claim;
 use crate::reconcile::{Outcome, Reconciler};
-use crate::release::{ReleaseView, list_all};
+use crate::release::{ReleaseView, list_labelled_fences};
 
-/// How often held releases are looked at again while helm-controller works.
+/// How often held releases are looked at again while helm-controller works,
+/// and a failed listing is tried again.
 const POLL: Duration = Duration::from_millis(500);
 
+/// How a drain ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ending {
+    /// No fence of flux-plunger's is left.
+    Done,
+    /// The deadline came first.
+    Deadline,
+    /// The Lease is not ours any more (or could have expired): writing
+    /// stopped for good.
+    LeaseLost,
+}
+
+/// A release that still carried something of ours when the drain ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Left {
+    pub key: String,
+    /// Our suspension is still on it, not only the fence.
+    pub suspended: bool,
+    /// It is being deleted (the fence waits for helm-controller's uninstall).
+    pub terminating: bool,
+}
+
+impl Left {
+    fn of(release: &ReleaseView) -> Self {
+        Self {
+            key: release.key(),
+            suspended: release.suspended_by_us(),
+            terminating: release.terminating,
+        }
+    }
+}
+
+impl std::fmt::Display for Left {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} (fence", self.key)?;
+        if self.suspended {
+            f.write_str(" and suspension")?;
+        }
+        if self.terminating {
+            f.write_str(", being deleted")?;
+        }
+        f.write_str(")")
+    }
+}
+
 /// What the drain did.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DrainReport {
-    /// Fenced releases found at the start.
-    pub found: usize,
+    pub ending: Ending,
+    /// Fenced releases the first successful listing found; `None` when no
+    /// listing succeeded (what is left is then unknown).
+    pub found: Option<usize>,
     /// Releases whose fence is gone (released, or the release is gone).
     pub released: usize,
-    /// `namespace/name` of releases still fenced at the deadline.
-    pub left: Vec<String>,
+    /// What is left, as the last listing and the writes since show it.
+    pub left: Vec<Left>,
     /// Listings that failed and were retried.
     pub failed_listings: u32,
-    /// False when the final listing failed: `left` is then unknown.
-    pub final_listing_succeeded: bool,
+    /// The last error the apiserver (or the way to it) gave, if the drain
+    /// ended without an answer to its last request.
+    pub last_error: Option<String>,
 }
 
-/// The fenced releases, listed from the apiserver (finalizers cannot be
-/// selected server-side: list and filter).
+impl DrainReport {
+    /// Something of ours is, or may be, left.
+    pub fn anything_left(&self) -> bool {
+        self.found.is_none() || !self.left.is_empty()
+    }
+}
+
+/// The fenced releases, selected by the fence's label (finalizers cannot be
+/// selected server-side). A fence an older flux-plunger set without the label
+/// is not listed here: the controller labels every fence it keeps as soon as
+/// it reconciles the release, and the pre-delete hook also looks for
+/// unlabelled ones.
 pub async fn list_fenced(client: &Client) -> kube::Result<Vec<ReleaseView>> {
-    list_all(client, |release| release.has_fence().then_some(release)).await
+    list_labelled_fences(client, |release| release.has_fence().then_some(release)).await
 }
 
-/// Drains until every fence is gone or `deadline` passes.
+/// Drains until every fence is gone, the Lease is lost, or `until` passes;
+/// writes only while `claim` is current (the client's gate enforces it, and
+/// the drain waits for a lapsed claim instead of failing every write).
 pub async fn drain(
     client: &Client,
     reconciler: &Reconciler,
-    deadline: Instant,
+    mut claim: watch::Receiver<Claim>,
+    until: Instant,
     concurrency: usize,
 ) -> DrainReport {
-    let mut report = DrainReport::default();
-    let mut first = true;
-    loop {
-        let fenced = match list_fenced(client).await {
-            Ok(fenced) => fenced,
-            Err(err) => {
+    let mut report = DrainReport {
+        ending: Ending::Deadline,
+        found: None,
+        released: 0,
+        left: Vec::new(),
+        failed_listings: 0,
+        last_error: None,
+    };
+    let mut left: BTreeMap<String, Left> = BTreeMap::new();
+    report.ending = loop {
+        match wait_for_claim(&mut claim, until).await {
+            ClaimState::Current => {}
+            ClaimState::Lost => break Ending::LeaseLost,
+            ClaimState::Lapsed => break Ending::Deadline,
+        }
+        let fenced = match tokio::time::timeout_at(until.into(), list_fenced(client)).await {
+            Err(_) => break Ending::Deadline,
+            Ok(Err(err)) => {
                 report.failed_listings += 1;
                 tracing::warn!(error = %err, "listing fenced HelmReleases failed; retrying");
-                if Instant::now() + POLL >= deadline {
-                    break;
+                report.last_error = Some(err.to_string());
+                if !pause(until).await {
+                    break Ending::Deadline;
                 }
-                tokio::time::sleep(POLL).await;
                 continue;
             }
+            Ok(Ok(fenced)) => fenced,
         };
-        if first {
-            report.found = fenced.len();
-            first = false;
+        report.last_error = None;
+        left = fenced.iter().map(|r| (r.key(), Left::of(r))).collect();
+        if report.found.is_none() {
+            report.found = Some(fenced.len());
             tracing::info!(fenced = fenced.len(), "draining flux-plunger's fences");
         }
         if fenced.is_empty() {
-            break;
+            break Ending::Done;
         }
-        let outcomes: Vec<(String, Result<Outcome, crate::error::Error>)> = stream::iter(fenced)
+        let mut outcomes = stream::iter(fenced)
             .map(|release| async move {
                 let outcome = reconciler.settle(&release.namespace, &release.name).await;
                 (release.key(), outcome)
             })
-            .buffer_unordered(concurrency.max(1))
-            .collect()
-            .await;
-        for (key, outcome) in &outcomes {
-            match outcome {
-                Ok(Outcome::FenceDropped | Outcome::Gone) => {
-                    tracing::info!(release = %key, "fence released")
-                }
-                Ok(Outcome::Lifted { kept_fence: false }) => {
-                    tracing::info!(release = %key, "suspension and fence released")
-                }
-                Ok(other) => {
-                    tracing::debug!(release = %key, outcome = ?other, "waiting for helm-controller")
-                }
-                Err(err) => {
-                    tracing::warn!(release = %key, error = %err, "could not release; retrying")
+            .buffer_unordered(concurrency.max(1));
+        let cut = loop {
+            match tokio::time::timeout_at(until.into(), outcomes.next()).await {
+                Err(_) => break true,
+                Ok(None) => break false,
+                Ok(Some((key, outcome))) => {
+                    if let Err(err) = &outcome {
+                        report.last_error = Some(err.to_string());
+                    }
+                    account(&mut left, &key, &outcome);
                 }
             }
+        };
+        if cut || !pause(until).await {
+            break Ending::Deadline;
         }
-        if Instant::now() + POLL >= deadline {
-            break;
+    };
+    let found = report.found.unwrap_or_default();
+    report.released = found.saturating_sub(left.len());
+    report.left = left.into_values().collect();
+    report
+}
+
+/// Notes one release's outcome in what is left, and logs it.
+fn account(
+    left: &mut BTreeMap<String, Left>,
+    key: &str,
+    outcome: &Result<Outcome, crate::error::Error>,
+) {
+    match outcome {
+        Ok(Outcome::FenceDropped | Outcome::Gone) => {
+            left.remove(key);
+            tracing::info!(release = %key, "fence released");
         }
-        tokio::time::sleep(POLL).await;
-    }
-    match list_fenced(client).await {
-        Ok(left) => {
-            report.left = left.iter().map(ReleaseView::key).collect();
-            report.final_listing_succeeded = true;
+        Ok(Outcome::Lifted { kept_fence: false }) => {
+            left.remove(key);
+            tracing::info!(release = %key, "suspension and fence released");
+        }
+        Ok(Outcome::Lifted { kept_fence: true }) => {
+            if let Some(release) = left.get_mut(key) {
+                release.suspended = false;
+            }
+            tracing::info!(release = %key, "suspension lifted; the fence waits for helm-controller's uninstall");
+        }
+        Ok(other) => {
+            tracing::debug!(release = %key, outcome = ?other, "waiting for helm-controller")
         }
         Err(err) => {
-            report.failed_listings += 1;
-            tracing::warn!(error = %err, "the final listing failed: the count of fences left is unknown");
+            tracing::warn!(release = %key, error = %err, "could not release; retrying")
         }
     }
-    report.released = report.found.saturating_sub(report.left.len());
-    report
+}
+
+/// Sleeps one poll interval; false if `until` comes first.
+async fn pause(until: Instant) -> bool {
+    if Instant::now() + POLL >= until {
+        tokio::time::sleep_until(until.into()).await;
+        return false;
+    }
+    tokio::time::sleep(POLL).await;
+    true
+}
+
+enum ClaimState {
+    Current,
+    Lost,
+    /// Not current, and not renewed before the deadline.
+    Lapsed,
+}
+
+/// Waits until the claim is current (a renewal succeeded), lost, or `until`.
+async fn wait_for_claim(claim: &mut watch::Receiver<Claim>, until: Instant) -> ClaimState {
+    let mut said = false;
+    loop {
+        let now = *claim.borrow_and_update();
+        match now {
+            Claim::Lost => return ClaimState::Lost,
+            now if now.is_current() => return ClaimState::Current,
+            Claim::Until(_) if !said => {
+                tracing::warn!(
+                    "the Lease was not renewed in time: writing paused until a renewal succeeds"
+                );
+                said = true;
+            }
+            Claim::Until(_) => {}
+        }
+        match tokio::time::timeout_at(until.into(), claim.changed()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(_)) => return ClaimState::Lost,
+            Err(_) => return ClaimState::Lapsed,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_release_left_is_named_with_what_of_ours_it_still_carries() {
+        let left = |suspended, terminating| Left {
+            key: "apps/web".into(),
+            suspended,
+            terminating,
+        };
+        assert_eq!(left(false, false).to_string(), "apps/web (fence)");
+        assert_eq!(
+            left(true, false).to_string(),
+            "apps/web (fence and suspension)"
+        );
+        assert_eq!(
+            left(false, true).to_string(),
+            "apps/web (fence, being deleted)"
+        );
+    }
+
+    #[test]
+    fn an_outcome_takes_a_release_off_the_list_only_when_its_fence_is_gone() {
+        let mut left: BTreeMap<String, Left> = ["a", "b", "c", "d"]
+            .iter()
+            .map(|k| {
+                let release = Left {
+                    key: (*k).into(),
+                    suspended: true,
+                    terminating: true,
+                };
+                ((*k).to_owned(), release)
+            })
+            .collect();
+        account(&mut left, "a", &Ok(Outcome::FenceDropped));
+        account(&mut left, "b", &Ok(Outcome::Lifted { kept_fence: false }));
+        account(&mut left, "c", &Ok(Outcome::Lifted { kept_fence: true }));
+        account(
+            &mut left,
+            "d",
+            &Ok(Outcome::FenceHeld {
+                recheck: Duration::from_secs(60),
+            }),
+        );
+        assert_eq!(left.keys().collect::<Vec<_>>(), ["c", "d"]);
+        assert!(!left["c"].suspended, "the suspension was lifted");
+        assert!(left["d"].suspended);
+    }
+
+    #[tokio::test]
+    async fn a_lapsed_claim_is_waited_for_until_renewed_or_lost_or_the_deadline() {
+        let (tx, mut rx) = watch::channel(Claim::Until(Instant::now()));
+        let until = Instant::now() + Duration::from_secs(5);
+        let renew = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            tx.send(Claim::Until(Instant::now() + Duration::from_secs(10)))
+                .unwrap();
+            tx
+        });
+        assert!(matches!(
+            wait_for_claim(&mut rx, until).await,
+            ClaimState::Current
+        ));
+        let tx = renew.await.unwrap();
+        tx.send(Claim::Lost).unwrap();
+        assert!(matches!(
+            wait_for_claim(&mut rx, until).await,
+            ClaimState::Lost
+        ));
+        tx.send(Claim::Until(Instant::now())).unwrap();
+        let started = Instant::now();
+        let soon = started + Duration::from_millis(200);
+        assert!(matches!(
+            wait_for_claim(&mut rx, soon).await,
+            ClaimState::Lapsed
+        ));
+        assert!(started.elapsed() < Duration::from_secs(2));
+    }
 }

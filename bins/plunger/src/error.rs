@@ -24,6 +24,8 @@ pub enum Error {
     },
     #[error("lifting flux-plunger's suspension or fence on {key}: {source}")]
     Lift { key: String, source: kube::Error },
+    #[error("labelling flux-plunger's uninstall fence on {key}: {source}")]
+    LabelFence { key: String, source: kube::Error },
 }
 
 impl Error {
@@ -36,6 +38,7 @@ impl Error {
             Error::Annotate { .. } => "annotate",
             Error::DeleteStorage { .. } => "delete_storage",
             Error::Lift { .. } => "lift",
+            Error::LabelFence { .. } => "label_fence",
         }
     }
 
@@ -47,7 +50,8 @@ impl Error {
             | Error::Acquire { source, .. }
             | Error::Annotate { source, .. }
             | Error::DeleteStorage { source, .. }
-            | Error::Lift { source, .. } => source,
+            | Error::Lift { source, .. }
+            | Error::LabelFence { source, .. } => source,
         };
         match source {
             kube::Error::Api(status) => Some(status.code),

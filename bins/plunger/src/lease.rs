@@ -27,6 +27,35 @@ pub enum Attempt {
     HeldBy(String),
 }
 
+/// What a renewal found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Renewal {
+    /// Renewed: the Lease is ours, and nobody wrote it since we last did.
+    Renewed,
+    /// The Lease names someone else, or nobody (`None`): it is not ours.
+    NotOurs(Option<String>),
+}
+
+/// Leadership as a writer sees it right before each write (a claim, never a
+/// flag polled in a loop): valid until a moment on this process's clock, or
+/// lost for good.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Claim {
+    /// Ours until this instant: the last successful renewal was *sent* a
+    /// renew deadline before it, and no candidate can take the Lease until a
+    /// whole Lease duration after it has seen that renewal.
+    Until(Instant),
+    /// Taken over, handed over, or possibly expired: never write again.
+    Lost,
+}
+
+impl Claim {
+    /// A write may be sent now.
+    pub fn is_current(&self) -> bool {
+        matches!(self, Claim::Until(until) if Instant::now() < *until)
+    }
+}
+
 /// One candidate for one Lease.
 pub struct LeaseLock {
     api: Api<Lease>,
@@ -66,22 +95,8 @@ impl LeaseLock {
     /// read, so two candidates can never both succeed.
     pub async fn try_acquire_or_renew(&mut self) -> kube::Result<Attempt> {
         let now = Instant::now();
-        // client-go's fast path: a holder renews with one update,
-        // preconditioned on the resourceVersion of its own last write. Any
-        // write since (a takeover, a hand-over) fails it with 409, and the
-        // full read-then-update below decides.
-        if let Some(mut ours) = self.written.take() {
-            let spec = ours.spec.clone().unwrap_or_default();
-            ours.spec = Some(self.spec(spec.acquire_time, spec.lease_transitions.unwrap_or(0)));
-            match self
-                .api
-                .replace(&self.name, &PostParams::default(), &ours)
-                .await
-            {
-                Ok(written) => return Ok(self.held(written, now)),
-                Err(kube::Error::Api(s)) if s.code == 409 || s.code == 404 => {}
-                Err(e) => return Err(e),
-            }
+        if self.renew_own_write(now).await? {
+            return Ok(Attempt::Held);
         }
         let Some(current) = self.api.get_opt(&self.name).await? else {
             let lease = Lease {
@@ -119,6 +134,68 @@ impl LeaseLock {
         {
             Ok(written) => Ok(self.held(written, now)),
             Err(kube::Error::Api(s)) if s.code == 409 => Ok(Attempt::HeldBy(holder)),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Renews the Lease only if it is still ours: unlike
+    /// [`Self::try_acquire_or_renew`], never takes a Lease that is free or
+    /// expired. Preconditioned like every update, so it cannot succeed after
+    /// a takeover: a success proves nobody led in between.
+    pub async fn renew(&mut self) -> kube::Result<Renewal> {
+        let now = Instant::now();
+        if self.renew_own_write(now).await? {
+            return Ok(Renewal::Renewed);
+        }
+        let Some(mut current) = self.api.get_opt(&self.name).await? else {
+            return Ok(Renewal::NotOurs(None));
+        };
+        self.observe(&current, now);
+        let spec = current.spec.get_or_insert_with(LeaseSpec::default);
+        let holder = spec.holder_identity.clone().filter(|h| !h.is_empty());
+        if holder.as_deref() != Some(self.identity.as_str()) {
+            return Ok(Renewal::NotOurs(holder));
+        }
+        let renewed = self.spec(
+            spec.acquire_time.clone(),
+            spec.lease_transitions.unwrap_or(0),
+        );
+        *spec = renewed;
+        match self
+            .api
+            .replace(&self.name, &PostParams::default(), &current)
+            .await
+        {
+            Ok(written) => {
+                self.held(written, now);
+                Ok(Renewal::Renewed)
+            }
+            // Written since the read (409): by whom, the next try reads.
+            Err(e) => Err(e),
+        }
+    }
+
+    /// client-go's fast path: a holder renews with one update, preconditioned
+    /// on the resourceVersion of its own last write. False when there is no
+    /// such write or it was written over since (a takeover, a hand-over: 409)
+    /// or deleted (404): then a read decides. An unanswered update is an
+    /// error: it may or may not have landed, and the next try reads.
+    async fn renew_own_write(&mut self, now: Instant) -> kube::Result<bool> {
+        let Some(mut ours) = self.written.take() else {
+            return Ok(false);
+        };
+        let spec = ours.spec.clone().unwrap_or_default();
+        ours.spec = Some(self.spec(spec.acquire_time, spec.lease_transitions.unwrap_or(0)));
+        match self
+            .api
+            .replace(&self.name, &PostParams::default(), &ours)
+            .await
+        {
+            Ok(written) => {
+                self.held(written, now);
+                Ok(true)
+            }
+            Err(kube::Error::Api(s)) if s.code == 409 || s.code == 404 => Ok(false),
             Err(e) => Err(e),
         }
     }

@@ -5,6 +5,7 @@
 
 pub mod apply;
 pub mod cli;
+pub mod client;
 pub mod decide;
 pub mod drain;
 pub mod error;

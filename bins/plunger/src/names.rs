@@ -16,6 +16,13 @@ pub const HELMRELEASE_PLURAL: &str = "helmreleases";
 /// Our finalizer: it keeps a deleted HelmRelease until helm-controller has
 /// handled the unsuspended generation, so its uninstall cannot be skipped.
 pub const FENCE_FINALIZER: &str = "flux-plunger.cozystack.io/uninstall-fence";
+/// A label that goes with the fence: written in the same apply as the fence
+/// and given up with it, so that the drain and the pre-delete hook find the
+/// fenced releases by a label selector instead of reading every HelmRelease
+/// (finalizers cannot be selected server-side). Its value is [`FENCE_LABEL_VALUE`].
+pub const FENCE_LABEL: &str = "flux-plunger.cozystack.io/uninstall-fence";
+/// The value of [`FENCE_LABEL`].
+pub const FENCE_LABEL_VALUE: &str = "held";
 /// helm-controller's own finalizer; its removal means helm-controller has
 /// finished handling the delete.
 pub const HELM_CONTROLLER_FINALIZER: &str = "finalizers.fluxcd.io";

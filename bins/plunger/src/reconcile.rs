@@ -289,7 +289,20 @@ impl Reconciler {
                 tracing::info!(release = %release.key(), "dropped the uninstall fence");
                 Ok(Outcome::FenceDropped)
             }
-            Decision::HoldFence { recheck, event } => {
+            Decision::HoldFence {
+                recheck,
+                event,
+                label_fence,
+            } => {
+                if label_fence && !self.controls.dry_run {
+                    self.write(release, Claim::FENCE_ONLY)
+                        .await
+                        .map_err(|source| Error::LabelFence {
+                            key: release.key(),
+                            source,
+                        })?;
+                    tracing::info!(release = %release.key(), "labelled an uninstall fence an older flux-plunger set");
+                }
                 if let Some(event) = event {
                     self.events.record(release, &event).await;
                     self.fence_warnings
@@ -318,8 +331,9 @@ impl Reconciler {
                 Ok(())
             }
             Err(source) => {
-                // A 409 is a race: the retry reads again and decides anew.
-                if !is_api_code(&source, 409) {
+                // A 409 is a race: the retry reads again and decides anew. A
+                // write held back because the Lease lapsed was never sent.
+                if !is_api_code(&source, 409) && !crate::client::is_not_leader(&source) {
                     let event = EventSpec {
                         warning: true,
                         reason: reasons::UNSUSPEND_FAILED,

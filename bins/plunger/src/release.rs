@@ -13,8 +13,8 @@ use kube::api::DynamicObject;
 use serde_json::Value;
 
 use crate::names::{
-    FENCE_FINALIZER, FIELD_MANAGER, HELM_CONTROLLER_FINALIZER, PROCESSED_VERSION_ANNOTATION,
-    READY_CONDITION, STUCK_MESSAGE,
+    FENCE_FINALIZER, FENCE_LABEL, FIELD_MANAGER, HELM_CONTROLLER_FINALIZER,
+    PROCESSED_VERSION_ANNOTATION, READY_CONDITION, STUCK_MESSAGE,
 };
 
 /// The processed-revision annotation as read from a release (SPEC §4.7).
@@ -38,6 +38,8 @@ pub struct ReleaseView {
     /// When the delete was requested (`metadata.deletionTimestamp`).
     pub deleted_at: Option<k8s_openapi::jiff::Timestamp>,
     pub finalizers: Vec<String>,
+    /// The fence's label ([`FENCE_LABEL`]) is on the release.
+    pub fence_labelled: bool,
     pub annotations: BTreeMap<String, String>,
     pub managed_fields: Vec<ManagedFieldsEntry>,
     /// `spec.suspend`; absent counts as `false`, as helm-controller reads it.
@@ -125,6 +127,10 @@ impl ReleaseView {
             terminating: meta.deletion_timestamp.is_some(),
             deleted_at: meta.deletion_timestamp.as_ref().map(|t| t.0),
             finalizers: meta.finalizers.clone().unwrap_or_default(),
+            fence_labelled: meta
+                .labels
+                .as_ref()
+                .is_some_and(|labels| labels.contains_key(FENCE_LABEL)),
             annotations: meta.annotations.clone().unwrap_or_default(),
             managed_fields: meta.managed_fields.clone().unwrap_or_default(),
             suspend,
@@ -329,18 +335,33 @@ pub async fn list_all<T>(
     client: &kube::Client,
     keep: impl FnMut(ReleaseView) -> Option<T>,
 ) -> kube::Result<Vec<T>> {
-    list_in_pages(client, LIST_PAGE_SIZE, keep).await
+    list_in_pages(client, None, LIST_PAGE_SIZE, keep).await
 }
 
-/// [`list_all`] with pages of `page_size` releases (tests use small pages).
+/// The HelmReleases of the cluster carrying the fence's label (selected by
+/// the apiserver), each turned into a view and kept when `keep` returns
+/// something.
+pub async fn list_labelled_fences<T>(
+    client: &kube::Client,
+    keep: impl FnMut(ReleaseView) -> Option<T>,
+) -> kube::Result<Vec<T>> {
+    list_in_pages(client, Some(FENCE_LABEL), LIST_PAGE_SIZE, keep).await
+}
+
+/// [`list_all`] with pages of `page_size` releases (tests use small pages),
+/// of the releases `label_selector` selects (all for `None`).
 pub async fn list_in_pages<T>(
     client: &kube::Client,
+    label_selector: Option<&str>,
     page_size: u32,
     mut keep: impl FnMut(ReleaseView) -> Option<T>,
 ) -> kube::Result<Vec<T>> {
     let api = all_helmreleases(client.clone());
     let mut kept = Vec::new();
     let mut params = kube::api::ListParams::default().limit(page_size);
+    if let Some(selector) = label_selector {
+        params = params.labels(selector);
+    }
     loop {
         let page = api.list(&params).await?;
         kept.extend(
@@ -354,6 +375,38 @@ pub async fn list_in_pages<T>(
         match page.metadata.continue_ {
             Some(token) if !token.is_empty() => params = params.continue_token(&token),
             _ => return Ok(kept),
+        }
+    }
+}
+
+/// `namespace/name` of the HelmReleases that carry the fence without its
+/// label (fenced by an older flux-plunger), found by reading only the
+/// metadata of the releases without the label, page by page.
+pub async fn list_unlabelled_fences(client: &kube::Client) -> kube::Result<Vec<(String, String)>> {
+    let api = all_helmreleases(client.clone());
+    let mut found = Vec::new();
+    let not_labelled = format!("!{FENCE_LABEL}");
+    let mut params = kube::api::ListParams::default()
+        .labels(&not_labelled)
+        .limit(LIST_PAGE_SIZE);
+    loop {
+        let page = api.list_metadata(&params).await?;
+        found.extend(page.items.into_iter().filter_map(|item| {
+            let meta = item.metadata;
+            meta.finalizers
+                .as_ref()?
+                .iter()
+                .any(|f| f == FENCE_FINALIZER)
+                .then(|| {
+                    (
+                        meta.namespace.unwrap_or_default(),
+                        meta.name.unwrap_or_default(),
+                    )
+                })
+        }));
+        match page.metadata.continue_ {
+            Some(token) if !token.is_empty() => params = params.continue_token(&token),
+            _ => return Ok(found),
         }
     }
 }

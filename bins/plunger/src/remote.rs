@@ -102,7 +102,8 @@ pub async fn storage_client(local: &Client, release: &ReleaseView) -> Result<Cli
                 release.namespace, reference.name
             )
         })?;
-    Client::try_from(config).map_err(|e| format!("no client for the remote cluster: {e}"))
+    crate::client::bounded(config, crate::timings::REQUEST_TIMEOUT)
+        .map_err(|e| format!("no client for the remote cluster: {e}"))
 }
 
 #[cfg(test)]

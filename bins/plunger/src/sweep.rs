@@ -17,8 +17,7 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 
-use crate::drain::list_fenced;
-use crate::names::{FENCE_FINALIZER, PROCESSED_VERSION_ANNOTATION};
+use crate::names::{FENCE_FINALIZER, FENCE_LABEL, PROCESSED_VERSION_ANNOTATION};
 use crate::release::{ReleaseView, helmreleases};
 use crate::test_hooks::{SweepStep, pause_at};
 
@@ -33,6 +32,8 @@ pub struct ReleasePlan {
     pub lift_suspension: bool,
     /// Indices of the fence in `metadata.finalizers` (it may appear twice).
     pub fence_indices: Vec<usize>,
+    /// The fence's label goes with the fence.
+    pub remove_label: bool,
     /// The release is being deleted, helm-controller has not uninstalled it,
     /// and the fence is all that holds it: letting it go now skips the
     /// uninstall. (Lifting a suspension alone skips nothing: helm-controller
@@ -48,6 +49,7 @@ impl ReleasePlan {
             without_uninstall: !fence_indices.is_empty()
                 && release.terminating
                 && !release.uninstall_reached(),
+            remove_label: release.fence_labelled && !fence_indices.is_empty(),
             fence_indices,
         }
     }
@@ -71,6 +73,11 @@ impl ReleasePlan {
         for index in self.fence_indices.iter().rev() {
             let path = format!("/metadata/finalizers/{index}");
             ops.push(json!({"op": "test", "path": path, "value": FENCE_FINALIZER}));
+            ops.push(json!({"op": "remove", "path": path}));
+        }
+        if self.remove_label {
+            // A JSON pointer spells the label's `/` as `~1`.
+            let path = format!("/metadata/labels/{}", FENCE_LABEL.replace('/', "~1"));
             ops.push(json!({"op": "remove", "path": path}));
         }
         Value::Array(ops)
@@ -160,6 +167,26 @@ pub fn row_of(release: &ReleaseView) -> Option<Row> {
         terminating: release.terminating,
         uninstall_reached: release.uninstall_reached(),
     })
+}
+
+/// Every fenced HelmRelease: those with the fence's label, selected by the
+/// apiserver, and those an older flux-plunger fenced without the label,
+/// found in one listing of the metadata of the releases without it and read
+/// whole one by one (the plan needs their spec and managedFields).
+pub async fn list_every_fence(client: &Client) -> kube::Result<Vec<ReleaseView>> {
+    let mut fenced = crate::drain::list_fenced(client).await?;
+    for (namespace, name) in crate::release::list_unlabelled_fences(client).await? {
+        if let Some(object) = helmreleases(client.clone(), &namespace)
+            .get_opt(&name)
+            .await?
+        {
+            let release = ReleaseView::from_object(&object);
+            if release.has_fence() {
+                fenced.push(release);
+            }
+        }
+    }
+    Ok(fenced)
 }
 
 /// Every HelmRelease `list` shows.
@@ -372,7 +399,7 @@ pub async fn run_hook(client: &Client, config: &HookConfig) -> HookReport {
 
     // 3. Release every fence.
     let fenced = match retry(budget, "listing fenced HelmReleases", || {
-        list_fenced(client)
+        list_every_fence(client)
     })
     .await
     {
@@ -417,7 +444,7 @@ pub async fn run_hook(client: &Client, config: &HookConfig) -> HookReport {
     // 5. A pod that may still run may have set fences meanwhile.
     let mut fences_after = false;
     if pod_may_run {
-        match budget.bounded(list_fenced(client)).await {
+        match budget.bounded(list_every_fence(client)).await {
             Ok(again) if again.is_empty() => {}
             Ok(again) => {
                 fences_after = true;
@@ -644,6 +671,25 @@ mod tests {
     }
 
     #[test]
+    fn the_fence_s_label_goes_with_the_fence() {
+        let mut r = release(&[], &[FENCE_FINALIZER]);
+        r.fence_labelled = true;
+        let plan = ReleasePlan::of(&r);
+        assert!(plan.remove_label);
+        assert_eq!(
+            plan.json_patch(&r).as_array().unwrap().last(),
+            Some(
+                &json!({"op": "remove", "path": "/metadata/labels/flux-plunger.cozystack.io~1uninstall-fence"})
+            )
+        );
+        r.finalizers.clear();
+        assert!(
+            !ReleasePlan::of(&r).remove_label,
+            "no fence to release: nothing is written"
+        );
+    }
+
+    #[test]
     fn letting_go_of_a_deleted_release_before_its_uninstall_is_flagged() {
         let mut r = release(&[], &[FENCE_FINALIZER, "finalizers.fluxcd.io"]);
         r.terminating = true;
@@ -674,6 +720,7 @@ mod tests {
             ReleasePlan {
                 lift_suspension: true,
                 fence_indices: vec![],
+                remove_label: false,
                 without_uninstall: false,
             },
             "unsuspended, helm-controller can now run the uninstall"

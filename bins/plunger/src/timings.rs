@@ -51,6 +51,17 @@ pub const LEASE_RENEW_DEADLINE: Duration = Duration::from_secs(10);
 /// Margin for clock skew between nodes on top of the Lease arithmetic.
 pub const LEASE_SKEW_MARGIN: Duration = Duration::from_secs(5);
 
+/// How long any request but a watch may wait for its whole answer
+/// (`plunger::client`). A write sent while the Lease is held is answered or
+/// abandoned before the Lease can run out: renew deadline + this < Lease
+/// duration.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The end of the drain deadline kept for handing the Lease over: the drain
+/// stops working this long before its deadline, so that the handover (and
+/// the report) never run past it.
+pub const DRAIN_HANDOVER_RESERVE: Duration = Duration::from_secs(2);
+
 /// A grace period that cannot be used, with the reason in its message.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum GracePeriodError {
@@ -76,10 +87,14 @@ pub struct Timings {
     pub kill_margin: Duration,
     /// The drain's deadline, G − stop bound − kill margin.
     pub drain_deadline: Duration,
+    /// The end of the drain deadline kept for the handover.
+    pub drain_handover_reserve: Duration,
     /// Lease timings (see [`Timings::lease_duration`] for the reasoning).
     pub lease_duration: Duration,
     pub lease_renew_deadline: Duration,
     pub lease_retry_period: Duration,
+    /// How long any request but a watch may wait for its answer.
+    pub request_timeout: Duration,
     /// The pre-delete hook's budget.
     pub hook_active_deadline: Duration,
     pub hook_retry_window: Duration,
@@ -114,6 +129,7 @@ impl Timings {
             controller_stop_bound: CONTROLLER_STOP_BOUND,
             kill_margin: KILL_MARGIN,
             drain_deadline: grace_period - CONTROLLER_STOP_BOUND - KILL_MARGIN,
+            drain_handover_reserve: DRAIN_HANDOVER_RESERVE,
             // The Lease must outlast the longest time a leader that lost touch
             // with the apiserver can still be writing: one retry period to
             // notice, the renew deadline, then the bounded stop. The drain
@@ -126,6 +142,7 @@ impl Timings {
                 + LEASE_SKEW_MARGIN,
             lease_renew_deadline: LEASE_RENEW_DEADLINE,
             lease_retry_period: LEASE_RETRY_PERIOD,
+            request_timeout: REQUEST_TIMEOUT,
             hook_active_deadline: HOOK_ACTIVE_DEADLINE,
             hook_retry_window: HOOK_RETRY_WINDOW,
             hook_finish_margin: HOOK_FINISH_MARGIN,
@@ -182,6 +199,18 @@ mod tests {
                 "G={g}: a leader that lost the apiserver has stopped before its Lease runs out"
             );
             assert!(t.lease_renew_deadline < t.lease_duration, "G={g}");
+            assert!(
+                t.lease_renew_deadline + t.request_timeout < t.lease_duration,
+                "G={g}: a write sent while the Lease is held ends before it can run out"
+            );
+            assert!(
+                t.request_timeout + t.drain_handover_reserve < t.drain_deadline,
+                "G={g}: a whole request fits in the drain's working time"
+            );
+            assert!(
+                t.request_timeout <= t.hook_finish_margin,
+                "G={g}: a request started at the end of the hook's window ends inside its margin"
+            );
             assert!(t.lease_retry_period < t.lease_renew_deadline, "G={g}");
         }
     }

@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::Result;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use kube::Api;
-use plunger::lease::{Attempt, LeaseLock};
+use plunger::lease::{Attempt, LeaseLock, Renewal};
 use testkit::{TestNamespace, control_plane};
 
 const NAME: &str = "flux-plunger";
@@ -145,5 +145,44 @@ async fn of_two_candidates_writing_the_same_record_only_one_wins() -> Result<()>
     assert_eq!(winners, 1, "{outcomes:?}");
     let holder = record(&ns).await?.holder_identity.unwrap_or_default();
     assert!(holder == "pod-a" || holder == "pod-b");
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_renewal_keeps_only_a_lease_that_is_still_ours_and_never_takes_one() -> Result<()> {
+    let ns = namespace("lease-renew").await?;
+    let mut holder = candidate(&ns, "pod-a");
+    let mut other = candidate(&ns, "pod-b");
+
+    // No Lease at all, then a Lease someone else holds: nothing is taken.
+    assert_eq!(holder.renew().await?, Renewal::NotOurs(None));
+    assert_eq!(other.try_acquire_or_renew().await?, Attempt::Held);
+    assert_eq!(
+        holder.renew().await?,
+        Renewal::NotOurs(Some("pod-b".to_owned()))
+    );
+    assert!(other.release().await?);
+    assert_eq!(holder.renew().await?, Renewal::NotOurs(None), "free");
+    assert_eq!(record(&ns).await?.holder_identity, None);
+
+    // Ours: renewed.
+    assert_eq!(holder.try_acquire_or_renew().await?, Attempt::Held);
+    let before = record(&ns).await?;
+    assert_eq!(holder.renew().await?, Renewal::Renewed);
+    assert_ne!(record(&ns).await?.renew_time, before.renew_time);
+    // A takeover in between (the Lease ran out for another candidate): the
+    // renewal's precondition fails and it says whose the Lease is now.
+    tokio::time::sleep(DURATION + Duration::from_millis(200)).await;
+    assert_eq!(
+        other.try_acquire_or_renew().await?,
+        Attempt::HeldBy("pod-a".to_owned()),
+        "first sight of the record starts its clock"
+    );
+    tokio::time::sleep(DURATION + Duration::from_millis(200)).await;
+    assert_eq!(other.try_acquire_or_renew().await?, Attempt::Held);
+    assert_eq!(
+        holder.renew().await?,
+        Renewal::NotOurs(Some("pod-b".to_owned()))
+    );
     Ok(())
 }

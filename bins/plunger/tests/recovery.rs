@@ -12,8 +12,8 @@ use kube::api::{DeleteParams, DynamicObject, Patch, PatchParams};
 use plunger::decide::SkipReason;
 use plunger::events::Events;
 use plunger::names::{
-    FENCE_FINALIZER, FIELD_MANAGER, HELMRELEASE_API_VERSION, HELMRELEASE_KIND,
-    PROCESSED_VERSION_ANNOTATION,
+    FENCE_FINALIZER, FENCE_LABEL, FENCE_LABEL_VALUE, FIELD_MANAGER, HELMRELEASE_API_VERSION,
+    HELMRELEASE_KIND, PROCESSED_VERSION_ANNOTATION,
 };
 use plunger::reconcile::{Outcome, Reconciler, Step, TestHooks};
 use plunger::release::ReleaseView;
@@ -849,6 +849,37 @@ async fn a_release_deleted_under_a_foreign_suspension_loses_only_our_fence() -> 
     Ok(())
 }
 
+#[tokio::test]
+async fn a_fence_an_older_flux_plunger_set_on_a_deleted_release_gets_its_label_and_is_then_listed()
+-> Result<()> {
+    let w = world("older-fence").await?;
+    w.stuck_release("web", &[(1, "uninstalling")]).await?;
+    w.ns.apply_as_older_flux_plunger("web", false).await?;
+    w.delete("web").await?;
+    let listed = || async {
+        let fenced = plunger::drain::list_fenced(&w.client).await?;
+        anyhow::Ok(fenced.iter().any(|r| r.namespace == w.ns.name))
+    };
+    assert!(
+        !listed().await?,
+        "no label: the drain's selection misses it"
+    );
+
+    // helm-controller has not uninstalled it: the fence stays, labelled.
+    assert!(matches!(
+        w.reconciler().reconcile(&w.ns.name, "web").await?,
+        Outcome::FenceHeld { .. }
+    ));
+    let view = w.view("web").await?;
+    assert!(view.has_fence() && view.fence_labelled, "{view:?}");
+    assert!(listed().await?, "the drain's selection finds it now");
+    // The next pass has nothing to write.
+    let before = view.resource_version;
+    w.reconciler().reconcile(&w.ns.name, "web").await?;
+    assert_eq!(w.view("web").await?.resource_version, before);
+    Ok(())
+}
+
 // 11a.
 #[tokio::test]
 async fn a_recovery_whose_release_vanished_never_recreates_it() -> Result<()> {
@@ -983,12 +1014,21 @@ async fn every_apply_carries_the_uid_and_resource_version_of_the_read_that_decid
         );
         let meta_keys: Vec<&String> = meta.as_object().unwrap().keys().collect();
         assert!(
-            meta_keys.iter().all(
-                |k| ["name", "namespace", "uid", "resourceVersion", "finalizers"]
-                    .contains(&k.as_str())
-            ),
+            meta_keys.iter().all(|k| [
+                "name",
+                "namespace",
+                "uid",
+                "resourceVersion",
+                "finalizers",
+                "labels"
+            ]
+            .contains(&k.as_str())),
             "{body}"
         );
+        // The fence's label goes exactly with the fence.
+        let fence_label = json!({FENCE_LABEL: FENCE_LABEL_VALUE});
+        let expected_labels = meta.get("finalizers").map(|_| &fence_label);
+        assert_eq!(meta.get("labels"), expected_labels, "{body}");
         if let Some(spec) = body.get("spec") {
             assert_eq!(spec, &json!({"suspend": true}), "{body}");
         }

@@ -186,7 +186,7 @@ async fn the_cluster_wide_listing_follows_every_page() -> Result<()> {
     // here rather than hanging the suite.
     let mut listed = tokio::time::timeout(
         Duration::from_secs(30),
-        plunger::release::list_in_pages(&ns.client, 2, |release| {
+        plunger::release::list_in_pages(&ns.client, None, 2, |release| {
             (release.namespace == ns.name).then_some(release.name)
         }),
     )
@@ -278,6 +278,42 @@ async fn a_hook_whose_apiserver_never_answers_ends_at_its_window_plus_the_finish
         vec![
             "could not read Deployment flux-system/flux-plunger: ServiceError: no answer from the apiserver before the sweep's time ran out; no fence was touched"
         ]
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_hook_finds_labelled_fences_and_older_unlabelled_ones_and_releases_the_label_with_the_fence()
+-> Result<()> {
+    let ns = namespace("sweep-labels").await?;
+    ns.create_release("labelled", json!({})).await?;
+    ns.apply_as_flux_plunger("labelled", true).await?;
+    // An older flux-plunger's fence, without the label.
+    held(&ns, "older", true).await?;
+    ns.create_release("free", json!({})).await?;
+
+    let mut found: Vec<String> = plunger::sweep::list_every_fence(&ns.client)
+        .await?
+        .into_iter()
+        .filter(|r| r.namespace == ns.name)
+        .map(|r| r.name)
+        .collect();
+    found.sort();
+    assert_eq!(found, ["labelled", "older"]);
+
+    let labelled = view(&ns, "labelled").await?;
+    assert!(labelled.fence_labelled);
+    release_with_retry(
+        &ns.client,
+        labelled,
+        budget(Duration::from_secs(5)),
+        Uninstall::MaySkip,
+    )
+    .await?;
+    let after = view(&ns, "labelled").await?;
+    assert!(
+        !after.has_fence() && !after.fence_labelled && !after.suspend,
+        "{after:?}"
     );
     Ok(())
 }

@@ -151,8 +151,13 @@ pub fn mark() -> u64 {
 /// Every resource request logged since byte `offset` of the shared control
 /// plane's audit log, one per request, in the order they were first logged.
 pub fn read_since(offset: u64) -> Result<Vec<AuditedRequest>> {
-    let path = crate::control_plane().audit_log();
-    let mut file = std::fs::File::open(&path)
+    read_log_since(&crate::control_plane().audit_log(), offset)
+}
+
+/// [`read_since`] for the audit log at `path` (a control plane of a test's
+/// own: `ControlPlane::audit_log`).
+pub fn read_log_since(path: &std::path::Path, offset: u64) -> Result<Vec<AuditedRequest>> {
+    let mut file = std::fs::File::open(path)
         .with_context(|| format!("opening the audit log {}", path.display()))?;
     file.seek(SeekFrom::Start(offset))?;
     let mut text = String::new();

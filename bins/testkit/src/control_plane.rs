@@ -38,7 +38,13 @@ pub struct ControlPlane {
     /// The directory holding certificates, data and logs; removed at exit.
     pub dir: PathBuf,
     pki: Pki,
-    servers: Mutex<Vec<Supervised>>,
+    etcd: Mutex<Option<Supervised>>,
+    apiserver: Mutex<Option<Supervised>>,
+    /// How kube-apiserver was started, to start it again the same way.
+    apiserver_command: (PathBuf, Vec<String>),
+    /// How many times kube-apiserver was started (each start logs to a file
+    /// of its own).
+    apiserver_starts: std::sync::atomic::AtomicU32,
 }
 
 // A failed start is kept too, so the other tests of the binary fail at once
@@ -249,7 +255,10 @@ impl ControlPlane {
             kubeconfig_path,
             dir: dir.clone(),
             pki,
-            servers: Mutex::new(Vec::new()),
+            etcd: Mutex::new(None),
+            apiserver: Mutex::new(None),
+            apiserver_command: (apiserver_bin.clone(), apiserver_args.clone()),
+            apiserver_starts: std::sync::atomic::AtomicU32::new(1),
         };
         std::fs::write(
             &plane.kubeconfig_path,
@@ -274,8 +283,64 @@ impl ControlPlane {
             started.elapsed().as_secs_f64(),
             plane.kubeconfig_path.display()
         );
-        plane.servers.lock().unwrap().extend([etcd, apiserver]);
+        *plane.etcd.lock().unwrap() = Some(etcd);
+        *plane.apiserver.lock().unwrap() = Some(apiserver);
         Ok(plane)
+    }
+
+    /// Pauses kube-apiserver (SIGSTOP): its port still accepts connections
+    /// and it answers nothing, as a peer that went away without a word.
+    /// Every client of this control plane is affected: a test that pauses
+    /// the shared one runs in a test binary of its own, taking turns.
+    pub fn pause_apiserver(&self) -> Result<()> {
+        self.signal_apiserver("STOP")
+    }
+
+    /// Resumes a paused kube-apiserver (SIGCONT).
+    pub fn resume_apiserver(&self) -> Result<()> {
+        self.signal_apiserver("CONT")
+    }
+
+    fn signal_apiserver(&self, signal: &str) -> Result<()> {
+        self.apiserver
+            .lock()
+            .unwrap()
+            .as_ref()
+            .context("kube-apiserver is not running")?
+            .signal(signal)
+    }
+
+    /// Kills kube-apiserver: connections are refused until
+    /// [`Self::start_apiserver_again`]. etcd keeps the data.
+    pub fn stop_apiserver(&self) -> Result<()> {
+        let mut apiserver = self
+            .apiserver
+            .lock()
+            .unwrap()
+            .take()
+            .context("kube-apiserver is not running")?;
+        apiserver.signal("KILL")?;
+        apiserver.stop();
+        Ok(())
+    }
+
+    /// Starts kube-apiserver again, on the same port with the same etcd and
+    /// audit log, and waits until it is ready.
+    pub async fn start_apiserver_again(&self) -> Result<()> {
+        let deadline = Instant::now() + START_TIMEOUT;
+        let start = self
+            .apiserver_starts
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+            + 1;
+        let log = self.dir.join(format!("kube-apiserver.{start}.log"));
+        let (program, args) = &self.apiserver_command;
+        let mut apiserver = Supervised::spawn("kube-apiserver", program, args, &log, None)?;
+        let client = self.client().await?;
+        wait_ready(&client, &mut apiserver, deadline)
+            .await
+            .with_context(|| format!("kube-apiserver log:\n{}", tail(&log, 30)))?;
+        *self.apiserver.lock().unwrap() = Some(apiserver);
+        Ok(())
     }
 
     /// An admin client (`system:masters`), new for the calling runtime.

@@ -17,6 +17,12 @@
 //!
 //! Watches stream through untouched: a fault may refuse a watch before it
 //! starts, never cut one that is running.
+//!
+//! Beside the seeded faults, a plan may **hold** chosen requests (by verb,
+//! path and body, not by chance): a black hole accepts a request and never
+//! answers nor forwards it (a peer that went away without a word), and a slow
+//! answer forwards the request at once but answers only after a delay (the
+//! write happened; the client hears of it late, or never if it gave up).
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -28,7 +34,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use http::{HeaderMap, Method, Request, Response, StatusCode, Uri, header};
 use http_body_util::BodyExt;
-use hyper::body::Incoming;
+use hyper::body::{Bytes, Incoming};
 use hyper_util::rt::TokioIo;
 use kube::client::Body;
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
@@ -131,10 +137,14 @@ pub enum Fault {
     TooManyRequests,
     /// A delay before forwarding (combines with the others).
     Latency,
+    /// A [`Hold`] without an answer: accepted, never forwarded, never answered.
+    BlackHole,
+    /// A [`Hold`] with an answer: forwarded at once, answered late.
+    SlowAnswer,
 }
 
 impl Fault {
-    pub const ALL: [Fault; 7] = [
+    pub const ALL: [Fault; 9] = [
         Fault::ResetBeforeForward,
         Fault::ResetAfterForward,
         Fault::InternalError,
@@ -142,6 +152,8 @@ impl Fault {
         Fault::Conflict,
         Fault::TooManyRequests,
         Fault::Latency,
+        Fault::BlackHole,
+        Fault::SlowAnswer,
     ];
 
     pub fn name(self) -> &'static str {
@@ -153,6 +165,8 @@ impl Fault {
             Fault::Conflict => "409",
             Fault::TooManyRequests => "429",
             Fault::Latency => "latency",
+            Fault::BlackHole => "black-hole",
+            Fault::SlowAnswer => "slow-answer",
         }
     }
 }
@@ -202,14 +216,81 @@ impl Rates {
     }
 }
 
+/// Requests the proxy holds instead of answering: those of `verb` whose path
+/// ends with `path_suffix` and whose body contains none of `body_lacks`, the
+/// first `times` of them (every one for `None`).
+#[derive(Debug, Clone)]
+pub struct Hold {
+    pub verb: Verb,
+    pub path_suffix: String,
+    pub body_lacks: Vec<String>,
+    pub times: Option<u32>,
+    /// `None`: a black hole (never forwarded, never answered); `Some(d)`:
+    /// forwarded at once, answered `d` later.
+    pub answer_after: Option<Duration>,
+}
+
+impl Hold {
+    /// Every `verb` request to a path ending with `path_suffix` goes
+    /// unanswered, forever.
+    pub fn black_hole(verb: Verb, path_suffix: &str) -> Self {
+        Self {
+            verb,
+            path_suffix: path_suffix.to_owned(),
+            body_lacks: Vec::new(),
+            times: None,
+            answer_after: None,
+        }
+    }
+
+    /// Every `verb` request to a path ending with `path_suffix` is forwarded
+    /// and answered `delay` later.
+    pub fn slow_answer(verb: Verb, path_suffix: &str, delay: Duration) -> Self {
+        Self {
+            answer_after: Some(delay),
+            ..Self::black_hole(verb, path_suffix)
+        }
+    }
+
+    /// Only the first `times` matching requests.
+    pub fn times(mut self, times: u32) -> Self {
+        self.times = Some(times);
+        self
+    }
+
+    /// Only requests whose body does not contain `text` (nor any text given
+    /// before).
+    pub fn body_lacks(mut self, text: &str) -> Self {
+        self.body_lacks.push(text.to_owned());
+        self
+    }
+
+    fn matches(&self, verb: Verb, path: &str, body: &[u8]) -> bool {
+        verb == self.verb
+            && path.ends_with(&self.path_suffix)
+            && self.body_lacks.iter().all(|text| {
+                text.is_empty() || !body.windows(text.len()).any(|w| w == text.as_bytes())
+            })
+    }
+
+    fn fault(&self) -> Fault {
+        match self.answer_after {
+            None => Fault::BlackHole,
+            Some(_) => Fault::SlowAnswer,
+        }
+    }
+}
+
 /// What the proxy injects: a seed, the rates per verb (a verb not listed
-/// gets none), the longest injected delay, and the `Retry-After` of a 429.
+/// gets none), the longest injected delay, the `Retry-After` of a 429, and
+/// the requests it holds.
 #[derive(Debug, Clone)]
 pub struct FaultPlan {
     pub seed: u64,
     pub rates: BTreeMap<Verb, Rates>,
     pub max_latency: Duration,
     pub retry_after_seconds: u32,
+    pub holds: Vec<Hold>,
 }
 
 impl FaultPlan {
@@ -220,7 +301,14 @@ impl FaultPlan {
             rates: BTreeMap::new(),
             max_latency: Duration::from_millis(100),
             retry_after_seconds: 1,
+            holds: Vec::new(),
         }
+    }
+
+    /// Also holds the requests `hold` picks.
+    pub fn holding(mut self, hold: Hold) -> Self {
+        self.holds.push(hold);
+        self
     }
 
     /// The same rates for every verb.
@@ -269,6 +357,9 @@ struct Draw {
 pub struct FaultReport {
     pub requests: BTreeMap<Verb, u64>,
     pub faults: BTreeMap<(Fault, Verb), u64>,
+    /// Bytes of the answers' bodies passed back to clients (what the
+    /// apiserver sent them, plus the proxy's own few injected answers).
+    pub response_bytes: u64,
 }
 
 impl FaultReport {
@@ -298,6 +389,7 @@ impl FaultReport {
         for (key, n) in &other.faults {
             *self.faults.entry(*key).or_default() += n;
         }
+        self.response_bytes += other.response_bytes;
     }
 }
 
@@ -336,6 +428,9 @@ struct Shared {
     rng: Mutex<SeededRng>,
     enabled: AtomicBool,
     report: Mutex<FaultReport>,
+    /// How many requests each of `plan.holds` has caught.
+    held: Mutex<Vec<u32>>,
+    response_bytes: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Drop for FaultProxy {
@@ -375,6 +470,8 @@ impl FaultProxy {
         let shared = Arc::new(Shared {
             upstream,
             rng: Mutex::new(SeededRng::fork(plan.seed, "fault-proxy")),
+            held: Mutex::new(vec![0; plan.holds.len()]),
+            response_bytes: Arc::default(),
             plan,
             enabled: AtomicBool::new(true),
             report: Mutex::default(),
@@ -415,7 +512,9 @@ impl FaultProxy {
 
     /// What the proxy saw and injected so far.
     pub fn report(&self) -> FaultReport {
-        self.shared.report.lock().unwrap().clone()
+        let mut report = self.shared.report.lock().unwrap().clone();
+        report.response_bytes = self.shared.response_bytes.load(Ordering::SeqCst);
+        report
     }
 }
 
@@ -437,6 +536,39 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
     }
 }
 
+/// An answer's body, its bytes counted as they pass.
+struct Counted {
+    inner: Body,
+    bytes: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl hyper::body::Body for Counted {
+    type Data = Bytes;
+    type Error = kube::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, kube::Error>>> {
+        let polled = std::pin::Pin::new(&mut self.inner).poll_frame(cx);
+        if let std::task::Poll::Ready(Some(Ok(frame))) = &polled
+            && let Some(data) = frame.data_ref()
+        {
+            self.bytes
+                .fetch_add(data.len() as u64, std::sync::atomic::Ordering::Relaxed);
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
 /// A second handle on a connection's socket, kept to reset it: `SO_LINGER`
 /// of zero turns the close that follows into a TCP RST.
 type ResetHandle = Arc<Mutex<Option<std::net::TcpStream>>>;
@@ -445,8 +577,18 @@ async fn serve_connection(stream: TcpStream, shared: Arc<Shared>) {
     let Ok((stream, reset)) = with_reset_handle(stream) else {
         return;
     };
-    let service =
-        hyper::service::service_fn(move |request| handle(shared.clone(), reset.clone(), request));
+    let service = hyper::service::service_fn(move |request| {
+        let counter = shared.response_bytes.clone();
+        let answer = handle(shared.clone(), reset.clone(), request);
+        async move {
+            answer.await.map(|response| {
+                response.map(|inner| Counted {
+                    inner,
+                    bytes: counter,
+                })
+            })
+        }
+    });
     // Keep-alive connections idle as long as the client likes: no header
     // read timeout (it would need a timer, and a client's pool is not a fault).
     let _ = hyper::server::conn::http1::Builder::new()
@@ -491,6 +633,49 @@ async fn handle(
     request: Request<Incoming>,
 ) -> Result<Response<Body>, InjectedReset> {
     let verb = Verb::of(request.method(), request.uri());
+    // Request bodies are small JSON documents: read whole, so a hold can
+    // look into them and the upstream client may retry them.
+    let (parts, body) = request.into_parts();
+    let Ok(body) = body.collect().await.map(|b| b.to_bytes()) else {
+        return Err(reset(&reset_handle));
+    };
+    if let Some(hold) = shared.take_hold(verb, parts.uri.path(), &body) {
+        return held(&shared, hold, parts, body).await;
+    }
+    pass(shared, reset_handle, verb, parts, body).await
+}
+
+/// Answers a request a [`Hold`] caught: never, or after its delay.
+async fn held(
+    shared: &Shared,
+    hold: Hold,
+    parts: http::request::Parts,
+    body: Bytes,
+) -> Result<Response<Body>, InjectedReset> {
+    let Some(delay) = hold.answer_after else {
+        // The connection stays open and silent until the client gives up
+        // (or the proxy is dropped).
+        return std::future::pending().await;
+    };
+    let response = forward(&shared.upstream, parts, body).await;
+    tokio::time::sleep(delay).await;
+    Ok(response.unwrap_or_else(|err| {
+        status(
+            502,
+            "InternalError",
+            &format!("fault proxy: upstream failed: {err:#}"),
+            None,
+        )
+    }))
+}
+
+async fn pass(
+    shared: Arc<Shared>,
+    reset_handle: ResetHandle,
+    verb: Verb,
+    parts: http::request::Parts,
+    body: Bytes,
+) -> Result<Response<Body>, InjectedReset> {
     let draw = if shared.enabled.load(Ordering::SeqCst) {
         shared.plan.draw(verb, &mut shared.rng.lock().unwrap())
     } else {
@@ -504,7 +689,7 @@ async fn handle(
         format!(
             "fault proxy: injected {what} for {} {} (not forwarded)",
             verb.name(),
-            request.uri().path()
+            parts.uri.path()
         )
     };
     match draw.failure {
@@ -530,9 +715,11 @@ async fn handle(
                 Some(seconds),
             ));
         }
-        Some(Fault::ResetAfterForward) | Some(Fault::Latency) | None => {}
+        // Holds are never drawn: `take_hold` picks them before any draw.
+        Some(Fault::ResetAfterForward | Fault::Latency | Fault::BlackHole | Fault::SlowAnswer)
+        | None => {}
     }
-    let response = match forward(&shared.upstream, request).await {
+    let response = match forward(&shared.upstream, parts, body).await {
         Ok(response) => response,
         Err(err) => {
             return Ok(status(
@@ -553,6 +740,19 @@ async fn handle(
 }
 
 impl Shared {
+    /// The first hold that catches this request and has catches left; counted.
+    fn take_hold(&self, verb: Verb, path: &str, body: &[u8]) -> Option<Hold> {
+        let mut held = self.held.lock().unwrap();
+        let (index, hold) = self.plan.holds.iter().enumerate().find(|(i, hold)| {
+            hold.matches(verb, path, body) && hold.times.is_none_or(|times| held[*i] < times)
+        })?;
+        held[index] += 1;
+        let mut report = self.report.lock().unwrap();
+        *report.requests.entry(verb).or_default() += 1;
+        *report.faults.entry((hold.fault(), verb)).or_default() += 1;
+        Some(hold.clone())
+    }
+
     fn record(&self, verb: Verb, draw: &Draw) {
         let mut report = self.report.lock().unwrap();
         *report.requests.entry(verb).or_default() += 1;
@@ -586,11 +786,11 @@ fn strip(headers: &mut HeaderMap) {
     headers.remove("keep-alive");
 }
 
-async fn forward(upstream: &kube::Client, request: Request<Incoming>) -> Result<Response<Body>> {
-    let (mut parts, body) = request.into_parts();
-    // Request bodies are small JSON documents: read whole, so the upstream
-    // client may also retry them.
-    let bytes = body.collect().await?.to_bytes();
+async fn forward(
+    upstream: &kube::Client,
+    mut parts: http::request::Parts,
+    bytes: Bytes,
+) -> Result<Response<Body>> {
     strip(&mut parts.headers);
     parts.headers.remove(header::CONTENT_LENGTH);
     // The upstream client puts its own scheme and authority in front.
@@ -704,6 +904,23 @@ mod tests {
             let draw = plan.draw(Verb::Get, &mut rng);
             assert!(draw.failure.is_none() && draw.latency.is_none());
         }
+    }
+
+    #[test]
+    fn a_hold_picks_requests_by_verb_path_end_and_what_their_body_lacks() {
+        let hold = Hold::black_hole(Verb::Patch, "/helmreleases/web")
+            .body_lacks("finalizers")
+            .body_lacks("annotations");
+        let path = "/apis/helm.toolkit.fluxcd.io/v2/namespaces/a/helmreleases/web";
+        assert!(hold.matches(Verb::Patch, path, br#"{"metadata":{"uid":"u"}}"#));
+        assert!(!hold.matches(Verb::Patch, path, br#"{"metadata":{"finalizers":[]}}"#));
+        assert!(!hold.matches(Verb::Patch, path, br#"{"metadata":{"annotations":{}}}"#));
+        assert!(!hold.matches(Verb::Get, path, b""));
+        assert!(!hold.matches(Verb::Patch, &format!("{path}2"), b"{}"));
+        assert_eq!(hold.fault(), Fault::BlackHole);
+        let slow = Hold::slow_answer(Verb::Delete, "/x", Duration::from_secs(1));
+        assert_eq!(slow.fault(), Fault::SlowAnswer);
+        assert!(slow.matches(Verb::Delete, "/api/v1/x", b""));
     }
 
     #[test]

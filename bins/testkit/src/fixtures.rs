@@ -88,15 +88,29 @@ impl TestNamespace {
             .await?)
     }
 
-    /// flux-plunger's own write as a recovery takes it: the fence and, with
-    /// `suspend`, the suspension (a server-side apply by manager
-    /// `flux-plunger`), as a process stopped mid-recovery leaves them.
+    /// flux-plunger's own write as a recovery takes it: the fence with its
+    /// label and, with `suspend`, the suspension (a server-side apply by
+    /// manager `flux-plunger`), as a process stopped mid-recovery leaves them.
     pub async fn apply_as_flux_plunger(&self, name: &str, suspend: bool) -> Result<DynamicObject> {
-        let mut body = json!({"apiVersion": names::HELMRELEASE_API_VERSION, "kind": names::HELMRELEASE_KIND,
-            "metadata": {"name": name, "finalizers": [names::FENCE_FINALIZER]}});
-        if suspend {
-            body["spec"] = json!({"suspend": true});
-        }
+        self.apply_fence(name, fence_body(name, suspend)).await
+    }
+
+    /// The same write by an older flux-plunger, which set the fence without
+    /// its label.
+    pub async fn apply_as_older_flux_plunger(
+        &self,
+        name: &str,
+        suspend: bool,
+    ) -> Result<DynamicObject> {
+        let mut body = fence_body(name, suspend);
+        body["metadata"]
+            .as_object_mut()
+            .expect("an object")
+            .remove("labels");
+        self.apply_fence(name, body).await
+    }
+
+    async fn apply_fence(&self, name: &str, body: Value) -> Result<DynamicObject> {
         Ok(self
             .releases()
             .patch(
@@ -348,4 +362,17 @@ where
         }
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
+}
+
+/// The body of flux-plunger's apply that takes the fence (with its label)
+/// and, with `suspend`, the suspension, without preconditions: for a test or
+/// the bench that sets up what a stopped flux-plunger leaves.
+pub fn fence_body(name: &str, suspend: bool) -> Value {
+    let mut body = json!({"apiVersion": names::HELMRELEASE_API_VERSION, "kind": names::HELMRELEASE_KIND,
+        "metadata": {"name": name, "finalizers": [names::FENCE_FINALIZER],
+            "labels": {names::FENCE_LABEL: names::FENCE_LABEL_VALUE}}});
+    if suspend {
+        body["spec"] = json!({"suspend": true});
+    }
+    body
 }

@@ -17,6 +17,8 @@ pub struct Supervised {
     // Held open for the life of the server: closing it is the stop signal.
     stdin: Option<ChildStdin>,
     pub name: String,
+    /// Where the supervisor wrote the server's pid.
+    pid_file: PathBuf,
 }
 
 const SUPERVISOR: &str = r#"
@@ -30,6 +32,8 @@ trap '' INT TERM
 exec 3<&0
 ( trap - TERM; exec "$@" ) >"$log" 2>&1 3<&- &
 pid=$!
+# The server's own pid, for a test that pauses or kills it (Supervised::signal).
+echo "$pid" >"$log.pid"
 # Wait for the test process to go (our stdin closes), or the server to die.
 # Test data is thrown away: a short grace, then KILL (kube-apiserver's graceful
 # shutdown can wait long for an etcd that is already gone).
@@ -79,11 +83,40 @@ impl Supervised {
             .spawn()
             .with_context(|| format!("starting {name} ({})", program.display()))?;
         let stdin = child.stdin.take();
+        let mut pid_file = log.as_os_str().to_owned();
+        pid_file.push(".pid");
         Ok(Self {
             child,
             stdin,
             name: name.to_owned(),
+            pid_file: PathBuf::from(pid_file),
         })
+    }
+
+    /// Sends `signal` (`STOP`, `CONT`, `KILL`, ...) to the server itself, not
+    /// its supervisor.
+    pub fn signal(&self, signal: &str) -> Result<()> {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let pid = loop {
+            match std::fs::read_to_string(&self.pid_file) {
+                Ok(text) if text.ends_with('\n') => break text.trim().to_owned(),
+                _ if std::time::Instant::now() > deadline => {
+                    anyhow::bail!("{} wrote no pid to {}", self.name, self.pid_file.display())
+                }
+                _ => std::thread::sleep(std::time::Duration::from_millis(20)),
+            }
+        };
+        let status = Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(&pid)
+            .status()
+            .with_context(|| format!("kill -{signal} {pid}"))?;
+        anyhow::ensure!(
+            status.success(),
+            "kill -{signal} {pid} ({}) failed",
+            self.name
+        );
+        Ok(())
     }
 
     /// True while the server runs.

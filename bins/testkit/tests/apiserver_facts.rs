@@ -3,8 +3,11 @@
 //! change with it, so each test asserts the exact outcome.
 
 use anyhow::Result;
-use kube::api::{DeleteParams, DynamicObject, Patch, PatchParams};
-use plunger::names::{FENCE_FINALIZER, FIELD_MANAGER, HELMRELEASE_API_VERSION, HELMRELEASE_KIND};
+use kube::api::{DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
+use plunger::names::{
+    FENCE_FINALIZER, FENCE_LABEL, FENCE_LABEL_VALUE, FIELD_MANAGER, HELMRELEASE_API_VERSION,
+    HELMRELEASE_KIND,
+};
 use plunger::release::ReleaseView;
 use serde_json::{Value, json};
 use testkit::{TestNamespace, control_plane};
@@ -29,6 +32,7 @@ fn apply_body(obj: &DynamicObject, suspend: Option<bool>, fence: bool) -> Value 
     });
     if fence {
         body["metadata"]["finalizers"] = json!([FENCE_FINALIZER]);
+        body["metadata"]["labels"] = json!({ FENCE_LABEL: FENCE_LABEL_VALUE });
     }
     if let Some(suspend) = suspend {
         body["spec"] = json!({ "suspend": suspend });
@@ -470,5 +474,52 @@ async fn leaving_suspend_out_of_a_later_apply_keeps_it_when_someone_else_co_owns
         managers_owning_suspend(&lifted),
         owners(&[("migration", "Apply")])
     );
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_fence_label_selects_a_release_server_side_while_the_fence_is_held_and_goes_with_it()
+-> Result<()> {
+    let ns = namespace("facts-fence-label").await?;
+    let created = ns.create_release("demo", json!({})).await?;
+    ns.create_release("other", json!({})).await?;
+    let selected = || async {
+        let params = ListParams::default().labels(FENCE_LABEL);
+        let names: Vec<String> = ns
+            .releases()
+            .list(&params)
+            .await?
+            .items
+            .into_iter()
+            .filter_map(|o| o.metadata.name)
+            .collect();
+        anyhow::Ok(names)
+    };
+    let fenced = ns
+        .releases()
+        .patch(
+            "demo",
+            &PatchParams::apply(FIELD_MANAGER),
+            &Patch::Apply(apply_body(&created, Some(true), true)),
+        )
+        .await?;
+    assert_eq!(selected().await?, ["demo"]);
+    let lifted = ns
+        .releases()
+        .patch(
+            "demo",
+            &PatchParams::apply(FIELD_MANAGER),
+            &Patch::Apply(apply_body(&fenced, None, false)),
+        )
+        .await?;
+    assert!(
+        !lifted
+            .metadata
+            .labels
+            .unwrap_or_default()
+            .contains_key(FENCE_LABEL),
+        "given up with the fence"
+    );
+    assert!(selected().await?.is_empty());
     Ok(())
 }

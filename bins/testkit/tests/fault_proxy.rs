@@ -11,7 +11,7 @@ use kube::api::{
     Api, ListParams, ObjectMeta, Patch, PatchParams, PostParams, WatchEvent, WatchParams,
 };
 use serde_json::json;
-use testkit::{Fault, FaultPlan, FaultProxy, Rates, TestNamespace, Verb, control_plane};
+use testkit::{Fault, FaultPlan, FaultProxy, Hold, Rates, TestNamespace, Verb, control_plane};
 
 fn configmap(name: &str) -> ConfigMap {
     ConfigMap {
@@ -125,6 +125,17 @@ async fn a_quiet_proxy_passes_every_verb_through_and_streams_a_watch() -> Result
         assert_eq!(report.requests.get(&verb), Some(&1), "{verb:?} in {report}");
     }
     assert_eq!(report.total_faults(), 0);
+
+    // Every answer's bytes are counted as they pass.
+    let before = proxy.report().response_bytes;
+    let answer = proxy
+        .client()?
+        .request_text(
+            http::Request::get(format!("/api/v1/namespaces/{}/configmaps", ns.name))
+                .body(Vec::new())?,
+        )
+        .await?;
+    assert_eq!(proxy.report().response_bytes - before, answer.len() as u64);
     Ok(())
 }
 
@@ -288,6 +299,76 @@ async fn a_disabled_proxy_injects_nothing_but_still_counts() -> Result<()> {
     let report = proxy.report();
     assert_eq!(report.requests.get(&Verb::List), Some(&20));
     assert_eq!(report.total_faults(), 0);
+    Ok(())
+}
+
+/// A client through the proxy whose requests give up after `timeout`, as
+/// every client of flux-plunger's binaries does.
+fn bounded_client(proxy: &FaultProxy, timeout: Duration) -> Result<kube::Client> {
+    Ok(plunger::client::bounded(
+        kube::Config::new(proxy.url().parse()?),
+        timeout,
+    )?)
+}
+
+#[tokio::test]
+async fn a_black_hole_never_answers_nor_forwards_the_requests_it_holds_and_passes_the_rest()
+-> Result<()> {
+    let ns = namespace("proxy-black-hole").await?;
+    let plan = FaultPlan::none(3).holding(Hold::black_hole(Verb::Create, "/configmaps").times(1));
+    let proxy = FaultProxy::in_front_of_control_plane(plan).await?;
+    let through: Api<ConfigMap> =
+        Api::namespaced(bounded_client(&proxy, Duration::from_secs(2))?, &ns.name);
+
+    let started = std::time::Instant::now();
+    let err = through
+        .create(&PostParams::default(), &configmap("held"))
+        .await
+        .expect_err("no answer");
+    assert!(plunger::client::is_timeout(&err), "{err:?}");
+    assert!(started.elapsed() >= Duration::from_secs(2));
+    assert!(
+        ns_configmaps(&ns).get_opt("held").await?.is_none(),
+        "never forwarded"
+    );
+    assert_eq!(proxy.report().count(Fault::BlackHole), 1);
+    // Only the first create was held.
+    through
+        .create(&PostParams::default(), &configmap("after"))
+        .await?;
+    assert!(through.get_opt("held").await?.is_none());
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_slow_answer_is_written_at_once_and_answered_late() -> Result<()> {
+    let ns = namespace("proxy-slow-answer").await?;
+    let plan = FaultPlan::none(4).holding(Hold::slow_answer(
+        Verb::Create,
+        "/configmaps",
+        Duration::from_secs(3),
+    ));
+    let proxy = FaultProxy::in_front_of_control_plane(plan).await?;
+
+    // A client that gives up first: the write happened all the same.
+    let impatient: Api<ConfigMap> =
+        Api::namespaced(bounded_client(&proxy, Duration::from_secs(1))?, &ns.name);
+    let err = impatient
+        .create(&PostParams::default(), &configmap("written"))
+        .await
+        .expect_err("answered after the client gave up");
+    assert!(plunger::client::is_timeout(&err), "{err:?}");
+    assert!(ns_configmaps(&ns).get_opt("written").await?.is_some());
+
+    // A patient one gets the answer, late.
+    let patient: Api<ConfigMap> =
+        Api::namespaced(bounded_client(&proxy, Duration::from_secs(30))?, &ns.name);
+    let started = std::time::Instant::now();
+    patient
+        .create(&PostParams::default(), &configmap("late"))
+        .await?;
+    assert!(started.elapsed() >= Duration::from_secs(3));
+    assert_eq!(proxy.report().count(Fault::SlowAnswer), 2);
     Ok(())
 }
 
