@@ -5,4 +5,3 @@
 
 mod drain;
 mod flux;
-mod lifecycle;
