@@ -205,7 +205,7 @@ flux-plunger.cozystack.io/uninstall-fence
 {{- end }}
 
 {{- define "flux-plunger.ownLabels" -}}
-[]
+- flux-plunger.cozystack.io/uninstall-fence
 {{- end }}
 
 {{/*

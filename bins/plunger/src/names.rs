@@ -49,9 +49,9 @@ pub const OWN_ANNOTATIONS: &[&str] = &[
     RECONCILE_REQUESTED_AT_ANNOTATION,
 ];
 
-/// Every label flux-plunger may write on a HelmRelease (none): the admission
-/// guard lets it change no label but these, as for [`OWN_ANNOTATIONS`].
-pub const OWN_LABELS: &[&str] = &[];
+/// Every label flux-plunger may write on a HelmRelease: the admission guard
+/// lets it change no label but these, as for [`OWN_ANNOTATIONS`].
+pub const OWN_LABELS: &[&str] = &[FENCE_LABEL];
 
 /// Per-release opt-out: `disabled` keeps flux-plunger from starting a
 /// recovery of this release (it still releases its own fence and suspension).
