@@ -131,13 +131,51 @@ impl OnNode {
             }
             if Instant::now() > deadline {
                 bail!(
-                    "no Ready controller pod after {}s\n{}",
+                    "no Ready controller pod after {}s\n{}\n{}",
                     POD_TIMEOUT.as_secs(),
+                    self.pods_summary().await,
                     self.node.logs_for_failure()
                 );
             }
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
+    }
+
+    /// Every pod of the namespace, a line each: phase, deletion, and each
+    /// container's state (for a failure message).
+    pub async fn pods_summary(&self) -> String {
+        let Ok(pods) = self.pods().list(&ListParams::default()).await else {
+            return "(the pods could not be listed)".to_owned();
+        };
+        pods.items
+            .iter()
+            .map(|pod| {
+                let status = pod.status.as_ref();
+                let containers = status
+                    .into_iter()
+                    .flat_map(|s| {
+                        s.init_container_statuses
+                            .iter()
+                            .flatten()
+                            .chain(s.container_statuses.iter().flatten())
+                    })
+                    .map(|c| {
+                        format!(
+                            "{} ready={} restarts={} {:?}",
+                            c.name, c.ready, c.restart_count, c.state
+                        )
+                    })
+                    .collect::<Vec<_>>()
+                    .join("; ");
+                format!(
+                    "{} phase={:?} deleting={} [{containers}]",
+                    name_of(pod),
+                    status.and_then(|s| s.phase.clone()),
+                    pod.metadata.deletion_timestamp.is_some()
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
     }
 
     /// The leader Lease, if it exists.
@@ -310,11 +348,18 @@ pub fn requests_by_pod(offset: u64, user: &str) -> Result<BTreeMap<String, Vec<A
 
 /// Creates `count` live releases in `ns`, each carrying flux-plunger's fence
 /// and suspension as a recovery takes them: what a drain must release.
+///
+/// Each is born with helm-controller's finalizer, as every release
+/// flux-plunger recovers carries it: a real helm-controller running in the
+/// same process (the Flux test's) then never adds it. Its finalizer patch is
+/// a merge patch of the whole list as it last read it, so adding it to a
+/// release fenced meanwhile would drop the fence behind the drain's back.
 pub async fn fenced_releases(ns: &TestNamespace, count: usize) -> Result<Vec<String>> {
     let names: Vec<String> = (0..count).map(|i| format!("fenced-{i}")).collect();
     futures::stream::iter(names.clone())
         .map(|name| async move {
-            ns.create_release(&name, serde_json::json!({})).await?;
+            ns.create_release_with_helm_controller_finalizer(&name)
+                .await?;
             ns.apply_as_flux_plunger(&name, true).await?;
             Ok::<(), anyhow::Error>(())
         })

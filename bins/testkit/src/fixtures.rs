@@ -71,21 +71,44 @@ impl TestNamespace {
     /// Creates a HelmRelease the way a user writes one (client-side, so no
     /// `Apply` entry exists), with `spec.interval` set and `extra_spec` merged.
     pub async fn create_release(&self, name: &str, extra_spec: Value) -> Result<DynamicObject> {
+        self.create_release_object(name, extra_spec, &[]).await
+    }
+
+    async fn create_release_object(
+        &self,
+        name: &str,
+        extra_spec: Value,
+        finalizers: &[&str],
+    ) -> Result<DynamicObject> {
         let mut spec = json!({
             "interval": "5m",
             "chart": {"spec": {"chart": "demo", "sourceRef": {"kind": "HelmRepository", "name": "demo"}}},
         });
         merge(&mut spec, extra_spec);
+        let mut metadata = json!({"name": name, "namespace": self.name});
+        if !finalizers.is_empty() {
+            metadata["finalizers"] = json!(finalizers);
+        }
         let object: DynamicObject = serde_json::from_value(json!({
             "apiVersion": names::HELMRELEASE_API_VERSION,
             "kind": names::HELMRELEASE_KIND,
-            "metadata": {"name": name, "namespace": self.name},
+            "metadata": metadata,
             "spec": spec,
         }))?;
         Ok(self
             .releases()
             .create(&PostParams::default(), &object)
             .await?)
+    }
+
+    /// [`Self::create_release`], already carrying helm-controller's finalizer
+    /// (as a release helm-controller has reconciled once does).
+    pub async fn create_release_with_helm_controller_finalizer(
+        &self,
+        name: &str,
+    ) -> Result<DynamicObject> {
+        self.create_release_object(name, json!({}), &[names::HELM_CONTROLLER_FINALIZER])
+            .await
     }
 
     /// flux-plunger's own write as a recovery takes it: the fence with its

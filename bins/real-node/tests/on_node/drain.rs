@@ -149,6 +149,31 @@ impl Writers {
     }
 }
 
+/// Every write to the releases `names` of `namespace` since `offset`, one
+/// line each: who wrote what, answered how (what a failure needs to explain
+/// a fence left).
+fn trail(offset: u64, namespace: &str, names: &[String]) -> Result<String> {
+    Ok(testkit::audit::read_since(offset)?
+        .iter()
+        .filter(|r| r.namespace.as_deref() == Some(namespace) && names.contains(&r.name))
+        .filter(|r| r.is_write())
+        .map(|r| {
+            format!(
+                "{} {} {} {} by {} (pod {:?}, manager {:?}) -> {}",
+                r.at,
+                r.verb,
+                r.name,
+                r.request_uri,
+                r.user,
+                r.pod,
+                r.field_manager(),
+                r.code
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("\n"))
+}
+
 /// The chart, installed at G = 40 and watching only its own namespace (so
 /// that the fences in `fences` are the drain's alone to release), with its
 /// pod Ready and leading.
@@ -167,6 +192,7 @@ async fn a_rollout_drains_the_old_pod_after_its_controller_and_hands_over_to_the
     let _turn = testkit::cluster_wide_turn().await;
     let (on, old) = installed("node-rollout").await?;
     let fences = TestNamespace::create(&on.ns().client, "node-rollout-fences").await?;
+    let created = testkit::audit::mark();
     let fenced = fenced_releases(&fences, 20).await?;
 
     let offset = testkit::audit::mark();
@@ -189,10 +215,11 @@ async fn a_rollout_drains_the_old_pod_after_its_controller_and_hands_over_to_the
 
     let new = on.ready_pod(Some(&name_of(&old))).await?;
     on.wait_lease_held_by(&name_of(&new)).await?;
+    let left = still_held(&fences).await?;
     ensure!(
-        still_held(&fences).await?.is_empty(),
-        "fences left: {:?}",
-        still_held(&fences).await?
+        left.is_empty(),
+        "fences left: {left:?}; their writes since they were created:\n{}",
+        trail(created, &fences.name, &left)?
     );
 
     let writers = Writers::read(

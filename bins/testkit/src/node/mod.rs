@@ -215,6 +215,39 @@ impl Node {
                 "--- containerd:\n{}\n",
                 self.containerd.lock().unwrap().log_tail(25)
             )))
+            .chain(self.container_log_tails(30))
+            .collect()
+    }
+
+    /// The tail of every container log the kubelet still keeps, one section
+    /// per pod and container (what the chart's own pods said).
+    fn container_log_tails(&self, lines: usize) -> Vec<String> {
+        let logs = self.dir.join("kubelet").join("pod-logs");
+        let mut files: Vec<PathBuf> = std::fs::read_dir(&logs)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .flat_map(|pod| {
+                std::fs::read_dir(pod.path())
+                    .into_iter()
+                    .flatten()
+                    .flatten()
+            })
+            .flat_map(|container| {
+                std::fs::read_dir(container.path())
+                    .into_iter()
+                    .flatten()
+                    .flatten()
+            })
+            .map(|file| file.path())
+            .collect();
+        files.sort();
+        files
+            .iter()
+            .map(|file| {
+                let name = file.strip_prefix(&logs).unwrap_or(file).display();
+                format!("--- {name}:\n{}\n", tail(file, lines))
+            })
             .collect()
     }
 
