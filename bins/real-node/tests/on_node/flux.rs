@@ -98,6 +98,23 @@ async fn the_chart_as_a_flux_helmrelease_installs_upgrades_and_uninstalls_on_the
     on.release = NAME.to_owned();
     on.fullname = NAME.to_owned();
     helm_controller();
+    let outcome = install_upgrade_and_delete(&on).await;
+    if outcome.is_err() {
+        // A cluster-wide flux-plunger left running would act on the next
+        // tests' fences: let helm-controller uninstall it before failing.
+        let _ = on.ns().releases().delete(NAME, &Default::default()).await;
+        let _ = wait_release(
+            &on,
+            "the release to go after a failure",
+            ACTION_TIMEOUT,
+            |r| r.is_none(),
+        )
+        .await;
+    }
+    outcome
+}
+
+async fn install_upgrade_and_delete(on: &OnNode) -> Result<()> {
     let ns = on.ns();
     let dir = tempfile::tempdir()?;
     let (version, archive) = packaged_chart(dir.path())?;
@@ -124,7 +141,7 @@ async fn the_chart_as_a_flux_helmrelease_installs_upgrades_and_uninstalls_on_the
         .await?;
     serve_chart(ns, NAME, "flux-plunger", &version, archive).await?;
     wait_release(
-        &on,
+        on,
         "the install",
         ACTION_TIMEOUT,
         ready_at_current_generation,
@@ -154,7 +171,7 @@ async fn the_chart_as_a_flux_helmrelease_installs_upgrades_and_uninstalls_on_the
         )
         .await?;
     wait_release(
-        &on,
+        on,
         "the upgrade",
         ACTION_TIMEOUT,
         ready_at_current_generation,
@@ -184,7 +201,7 @@ async fn the_chart_as_a_flux_helmrelease_installs_upgrades_and_uninstalls_on_the
 
     // Delete: helm-controller uninstalls, the pre-delete hook Job first.
     ns.releases().delete(NAME, &Default::default()).await?;
-    wait_release(&on, "the release to go", real_node::POD_TIMEOUT * 2, |r| {
+    wait_release(on, "the release to go", real_node::POD_TIMEOUT * 2, |r| {
         r.is_none()
     })
     .await?;
