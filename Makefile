@@ -241,9 +241,12 @@ e2e: tools ## End-to-end tests against Flux's real helm-controller, once per ver
 	done
 	@hack/check-no-leftovers.sh
 
-# The node tier's tests share one node; each installs a cluster-wide
-# flux-plunger, so they take turns whatever the thread count.
+# The node tier's tests in one binary share one node; each installs a
+# cluster-wide flux-plunger, so they take turns whatever the thread count.
 NODE_THREADS ?= 4
+# Each node test binary runs in a sandbox (a node, a control plane) of its own:
+# the Flux test's real helm-controller must not meet the others' releases.
+NODE_TEST_BINARIES := on_node as_flux_helmrelease
 
 .PHONY: test-node
 test-node: tools node-packages image ## The chart on a real node (kubelet, containerd, controller-manager, scheduler) in hack/node-sandbox.sh: its pods, sidecar and hook Job run for real; helm and the real helm-controller install it.
@@ -251,9 +254,13 @@ test-node: tools node-packages image ## The chart on a real node (kubelet, conta
 	cargo test --locked -p real-node --no-run
 	$(call step,node tier: the chart on a real node, in hack/node-sandbox.sh (about 5 minutes warm))
 	@mkdir -p $(TEST_LOG)
+	@rm -f $(TEST_LOG)/node.log
 	@# --offline: the sandbox has no network, and everything is built already.
-	hack/node-sandbox.sh cargo test --locked --offline -p real-node --tests -- --test-threads=$(NODE_THREADS) 2>&1 \
-	  | tee $(TEST_LOG)/node.log
+	@for binary in $(NODE_TEST_BINARIES); do \
+	  echo ">> node tier: $$binary (a sandbox of its own)"; \
+	  hack/node-sandbox.sh cargo test --locked --offline -p real-node --test $$binary -- \
+	    --test-threads=$(NODE_THREADS) 2>&1 | tee -a $(TEST_LOG)/node.log || exit 1; \
+	done
 	@hack/check-no-leftovers.sh
 
 # Seeds of the randomized interleavings (bins/plunger/tests/interleavings.rs)

@@ -12,7 +12,7 @@ use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
 use kube::Api;
-use kube::api::{ListParams, WatchEvent, WatchParams};
+use kube::api::{ListParams, Patch, PatchParams, WatchEvent, WatchParams};
 use testkit::TestNamespace;
 use testkit::audit::AuditedRequest;
 use testkit::node::{Node, node};
@@ -176,6 +176,27 @@ impl OnNode {
             })
             .collect::<Vec<_>>()
             .join("\n")
+    }
+
+    /// The chart's pre-delete hook Job, which must have completed (it is kept
+    /// for a while after success: `ttlSecondsAfterFinished`).
+    pub async fn completed_hook_job(&self) -> Result<k8s_openapi::api::batch::v1::Job> {
+        let jobs: Api<k8s_openapi::api::batch::v1::Job> =
+            Api::namespaced(self.ns().client.clone(), &self.ns().name);
+        let hook = jobs
+            .get(&format!("{}-pre-delete", self.fullname))
+            .await
+            .context("the hook Job")?;
+        let complete = hook
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|c| {
+                c.iter()
+                    .any(|c| c.type_ == "Complete" && c.status == "True")
+            });
+        ensure!(complete, "the hook Job did not complete: {:?}", hook.status);
+        Ok(hook)
     }
 
     /// The leader Lease, if it exists.
@@ -406,4 +427,71 @@ pub async fn http_get(address: &str, path: &str) -> Result<String> {
         "GET http://{address}{path}: {head}"
     );
     Ok(body.to_owned())
+}
+
+/// Waits until the apiserver enforces a refusal (`TestNamespace::refuse`) of
+/// the controller's HelmRelease writes in `fences` (a new admission policy
+/// takes a moment): a dry-run patch of `release` under the controller's
+/// ServiceAccount is refused with the refusal's own `message`.
+pub async fn wait_until_refused(
+    on: &OnNode,
+    fences: &TestNamespace,
+    release: &str,
+    message: &str,
+) -> Result<()> {
+    let plane = testkit::control_plane();
+    let as_controller = plane
+        .service_account_client(&on.ns().client, &on.ns().name, &on.fullname)
+        .await?;
+    let releases = plunger::release::helmreleases(as_controller, &fences.name);
+    // A write the guard lets the controller make (the release is live and
+    // unsuspended: this changes nothing), so only the refusal can refuse it.
+    let probe = serde_json::json!({"spec": {"suspend": false}});
+    testkit::eventually(
+        Duration::from_secs(30),
+        "the refusal to be enforced",
+        || {
+            let releases = releases.clone();
+            let probe = probe.clone();
+            async move {
+                let answer = releases
+                    .patch(
+                        release,
+                        &PatchParams {
+                            dry_run: true,
+                            ..Default::default()
+                        },
+                        &Patch::Merge(&probe),
+                    )
+                    .await;
+                Ok(answer.is_err_and(|err| err.to_string().contains(message)))
+            }
+        },
+    )
+    .await
+}
+
+/// Every write to the releases `names` of `namespace` since `offset`, one
+/// line each: who wrote what, answered how (what a failure needs to explain
+/// a fence left).
+pub fn trail(offset: u64, namespace: &str, names: &[String]) -> Result<String> {
+    Ok(testkit::audit::read_since(offset)?
+        .iter()
+        .filter(|r| r.namespace.as_deref() == Some(namespace) && names.contains(&r.name))
+        .filter(|r| r.is_write())
+        .map(|r| {
+            format!(
+                "{} {} {} {} by {} (pod {:?}, manager {:?}) -> {}",
+                r.at,
+                r.verb,
+                r.name,
+                r.request_uri,
+                r.user,
+                r.pod,
+                r.field_manager(),
+                r.code
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("\n"))
 }

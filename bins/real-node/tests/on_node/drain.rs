@@ -3,12 +3,11 @@
 //! Whoever writes, one pod at a time, read from the apiserver's audit log.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
-use kube::api::{DeleteParams, Patch, PatchParams};
+use kube::api::DeleteParams;
 use plunger::timings::Timings;
 use real_node::{
     CONTROLLER, DRAIN, Ended, Gone, OnNode, ended, fenced_releases, name_of, requests_by_pod,
@@ -19,6 +18,9 @@ use testkit::audit::AuditedRequest;
 
 /// The smallest grace period the chart takes: the tightest timings.
 const G: u64 = 40;
+
+/// The words of the test's refusal of the drain's writes.
+const REFUSED: &str = "test: the drain's writes are refused";
 
 /// How the old pod stopped, as the kubelet reported it before the pod went.
 struct Stopped {
@@ -149,31 +151,6 @@ impl Writers {
     }
 }
 
-/// Every write to the releases `names` of `namespace` since `offset`, one
-/// line each: who wrote what, answered how (what a failure needs to explain
-/// a fence left).
-fn trail(offset: u64, namespace: &str, names: &[String]) -> Result<String> {
-    Ok(testkit::audit::read_since(offset)?
-        .iter()
-        .filter(|r| r.namespace.as_deref() == Some(namespace) && names.contains(&r.name))
-        .filter(|r| r.is_write())
-        .map(|r| {
-            format!(
-                "{} {} {} {} by {} (pod {:?}, manager {:?}) -> {}",
-                r.at,
-                r.verb,
-                r.name,
-                r.request_uri,
-                r.user,
-                r.pod,
-                r.field_manager(),
-                r.code
-            )
-        })
-        .collect::<Vec<_>>()
-        .join("\n"))
-}
-
 /// The chart, installed at G = 40 and watching only its own namespace (so
 /// that the fences in `fences` are the drain's alone to release), with its
 /// pod Ready and leading.
@@ -219,7 +196,7 @@ async fn a_rollout_drains_the_old_pod_after_its_controller_and_hands_over_to_the
     ensure!(
         left.is_empty(),
         "fences left: {left:?}; their writes since they were created:\n{}",
-        trail(created, &fences.name, &left)?
+        real_node::trail(created, &fences.name, &left)?
     );
 
     let writers = Writers::read(
@@ -283,10 +260,10 @@ async fn a_drain_the_apiserver_refuses_is_cut_by_the_kill_and_the_next_pod_waits
             serde_json::json!({"apiGroups": ["helm.toolkit.fluxcd.io"], "apiVersions": ["*"],
                 "operations": ["UPDATE"], "resources": ["helmreleases"]}),
             &format!("request.userInfo.username != '{user}'"),
-            "test: the drain's writes are refused",
+            REFUSED,
         )
         .await?;
-    wait_until_refused(&on, &fences, &fenced[0]).await?;
+    real_node::wait_until_refused(&on, &fences, &fenced[0], REFUSED).await?;
 
     // A grace period shorter than the drain's deadline (G - 25 = 15 s): the
     // kubelet's SIGKILL ends the drain, which keeps retrying refused writes.
@@ -338,37 +315,4 @@ async fn a_drain_the_apiserver_refuses_is_cut_by_the_kill_and_the_next_pod_waits
     refusal.lift().await?;
     testkit::strip_fences(&fences).await?;
     on.remove()
-}
-
-/// Waits until the apiserver enforces the refusal on the controller's
-/// ServiceAccount (a new admission policy takes a moment).
-async fn wait_until_refused(on: &OnNode, fences: &TestNamespace, release: &str) -> Result<()> {
-    let plane = testkit::control_plane();
-    let as_controller = plane
-        .service_account_client(&on.ns().client, &on.ns().name, &on.fullname)
-        .await?;
-    let releases = plunger::release::helmreleases(as_controller, &fences.name);
-    let probe = serde_json::json!({"metadata": {"annotations": {"probe": "refused?"}}});
-    testkit::eventually(
-        Duration::from_secs(30),
-        "the refusal to be enforced",
-        || {
-            let releases = releases.clone();
-            let probe = probe.clone();
-            async move {
-                Ok(releases
-                    .patch(
-                        release,
-                        &PatchParams {
-                            dry_run: true,
-                            ..Default::default()
-                        },
-                        &Patch::Merge(&probe),
-                    )
-                    .await
-                    .is_err())
-            }
-        },
-    )
-    .await
 }

@@ -1,12 +1,15 @@
 //! The chart used as Flux users use it: a HelmRelease of the component,
 //! installed, upgraded and deleted by the real helm-controller, its pods and
 //! its pre-delete hook Job run by the node.
+//!
+//! A test binary of its own, run in a sandbox of its own (`make test-node`):
+//! the real helm-controller reconciles every HelmRelease of its control
+//! plane, so it must not meet the other node tests' hand-made releases.
 
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::batch::v1::Job;
 use kube::Api;
 use kube::api::{DynamicObject, Patch, PatchParams, PostParams};
 use plunger::names;
@@ -205,20 +208,7 @@ async fn install_upgrade_and_delete(on: &OnNode) -> Result<()> {
         r.is_none()
     })
     .await?;
-    let jobs: Api<Job> = Api::namespaced(ns.client.clone(), &ns.name);
-    let hook = jobs
-        .get(&format!("{NAME}-pre-delete"))
-        .await
-        .context("the hook Job")?;
-    let complete = hook
-        .status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|c| {
-            c.iter()
-                .any(|c| c.type_ == "Complete" && c.status == "True")
-        });
-    ensure!(complete, "the hook Job did not complete: {:?}", hook.status);
+    on.completed_hook_job().await?;
     ensure!(
         deployments.get_opt(NAME).await?.is_none(),
         "the Deployment is left"

@@ -1,0 +1,182 @@
+//! `helm install` of the chart on the node, the controller pod at work, and
+//! `helm uninstall` with its hook Job run by the real Job controller.
+
+use std::time::Duration;
+
+use anyhow::{Context, Result, ensure};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Pod;
+use kube::Api;
+use kube::api::{ListParams, LogParams};
+use plunger::names::FENCE_FINALIZER;
+use plunger::release::ReleaseView;
+use real_node::{CONTROLLER, DRAIN, OnNode, container_status, http_get, name_of};
+use testkit::node::NODE_NAME;
+use testkit::{TestNamespace, eventually};
+
+/// The words of the test's refusal of the controller's writes.
+const REFUSED: &str = "test: the controller's writes are refused here";
+
+/// A stuck release as helm-controller leaves it: revision 1 superseded,
+/// revision 2 `uninstalling`, `Ready=False` with "has no deployed releases".
+async fn stuck_release(ns: &TestNamespace, name: &str) -> Result<()> {
+    ns.create_release(name, serde_json::json!({})).await?;
+    ns.create_storage_secret(name, 1, "superseded").await?;
+    ns.create_storage_secret(name, 2, "uninstalling").await?;
+    ns.mark_stuck(name).await?;
+    Ok(())
+}
+
+/// A live release flux-plunger fenced, in a namespace where an admission
+/// policy refuses the controller's ServiceAccount every HelmRelease write: the
+/// controller and its drain cannot let go of it, the hook (its own
+/// ServiceAccount) can. Returns the refusal, to lift afterwards.
+async fn fence_only_the_hook_can_release(
+    on: &OnNode,
+    ns: &TestNamespace,
+    name: &str,
+) -> Result<testkit::Refusal> {
+    let controller_user = on.controller_user();
+    ns.create_release(name, serde_json::json!({})).await?;
+    let refusal = ns
+        .refuse(
+            "no-controller-writes",
+            serde_json::json!({"apiGroups": ["helm.toolkit.fluxcd.io"], "apiVersions": ["*"],
+            "operations": ["UPDATE"], "resources": ["helmreleases"]}),
+            &format!("request.userInfo.username != '{controller_user}'"),
+            REFUSED,
+        )
+        .await?;
+    // Refused before the fence is set: the running controller would drop it.
+    real_node::wait_until_refused(on, ns, name, REFUSED).await?;
+    ns.apply_as_flux_plunger(name, false).await?;
+    Ok(refusal)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_chart_installs_recovers_a_stuck_release_and_uninstalls_through_its_hook_job()
+-> Result<()> {
+    let _turn = testkit::cluster_wide_turn().await;
+    let on = OnNode::new("node-life").await?;
+    let ns = on.ns();
+
+    // Installed with the image built here: the pod is Ready, which the chart's
+    // readiness probe (/readyz) says only once the HelmRelease watch synced.
+    on.install(&["shutdownGracePeriodSeconds=40"])?;
+    let pod = on.ready_pod(None).await?;
+    let pod_name = name_of(&pod);
+    let spec = pod.spec.as_ref().context("pod spec")?;
+    ensure!(
+        spec.node_name.as_deref() == Some(NODE_NAME),
+        "scheduled on {:?}",
+        spec.node_name
+    );
+    for container in [CONTROLLER, DRAIN] {
+        let status = container_status(&pod, container).context(container)?;
+        ensure!(
+            status.state.as_ref().is_some_and(|s| s.running.is_some()),
+            "{container} is not running: {status:?}"
+        );
+        ensure!(
+            status.restart_count == 0,
+            "{container} restarted: {status:?}"
+        );
+    }
+    on.wait_lease_held_by(&pod_name).await?;
+
+    // /metrics on the pod's own address, as Prometheus scrapes it.
+    let pod_ip = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.pod_ip.clone())
+        .context("the pod has no IP")?;
+    let metrics = http_get(&format!("{pod_ip}:8080"), "/metrics").await?;
+    ensure!(
+        metrics.lines().any(|l| l == "flux_plunger_leader 1"),
+        "the pod's /metrics does not say it leads:\n{metrics}"
+    );
+
+    // The controller in the pod recovers a stuck release.
+    let apps = TestNamespace::create(&ns.client, "node-life-apps").await?;
+    stuck_release(&apps, "web").await?;
+    eventually(
+        Duration::from_secs(60),
+        "the stuck release recovered",
+        || apps.is_recovered("web", 2),
+    )
+    .await
+    .with_context(|| on.node.logs_for_failure())?;
+    ensure!(
+        apps.secret_names().await? == [plunger::names::storage_secret_name("web", 1)],
+        "storage after the recovery: {:?}",
+        apps.secret_names().await?
+    );
+    let metrics = http_get(&format!("{pod_ip}:8080"), "/metrics").await?;
+    ensure!(
+        metrics
+            .lines()
+            .any(|l| l == r#"flux_plunger_recoveries_total{result="recovered"} 1"#),
+        "the recovery is not counted:\n{metrics}"
+    );
+
+    // A fence the drain cannot release (its writes are refused): it tries to
+    // its deadline, then the hook lets go.
+    let held_ns = TestNamespace::create(&ns.client, "node-life-held").await?;
+    let held_since = testkit::audit::mark();
+    let refusal = fence_only_the_hook_can_release(&on, &held_ns, "held").await?;
+
+    // helm uninstall runs the hook Job on the node and waits for it.
+    let uninstalled = on
+        .setup
+        .helm(&["uninstall", &on.release, "--wait", "--timeout=5m"])?;
+    chart_contract::install::succeeded(uninstalled, "helm uninstall")
+        .with_context(|| on.node.logs_for_failure())?;
+
+    on.completed_hook_job().await?;
+    let hook_pods: Api<Pod> = Api::namespaced(ns.client.clone(), &ns.name);
+    let hook_pod = hook_pods
+        .list(&ListParams::default().labels(&format!("job-name={}-pre-delete", on.fullname)))
+        .await?
+        .items
+        .into_iter()
+        .next()
+        .context("the hook Job's pod")?;
+    let hook_spec = hook_pod.spec.as_ref().context("hook pod spec")?;
+    ensure!(
+        hook_spec.service_account_name.as_deref()
+            == Some(format!("{}-pre-delete", on.fullname).as_str()),
+        "the hook runs as {:?}",
+        hook_spec.service_account_name
+    );
+    ensure!(hook_spec.node_name.as_deref() == Some(NODE_NAME));
+    // The report, read through the apiserver from the kubelet.
+    let report = hook_pods
+        .logs(&name_of(&hook_pod), &LogParams::default())
+        .await?;
+    ensure!(
+        report.contains(&format!("released {}/held", held_ns.name))
+            && report.contains("released 1 of 1 fenced HelmReleases, 0 without an uninstall"),
+        "the hook's report:\n{report}\nthe held release's writes:\n{}",
+        real_node::trail(held_since, &held_ns.name, &["held".to_owned()])?
+    );
+
+    // Nothing of flux-plunger is left: no Deployment, no pod, no Lease, no fence.
+    let deployments: Api<Deployment> = Api::namespaced(ns.client.clone(), &ns.name);
+    ensure!(deployments.get_opt(&on.fullname).await?.is_none());
+    ensure!(
+        on.pods()
+            .list(&ListParams::default().labels(&on.selector()))
+            .await?
+            .items
+            .is_empty(),
+        "controller pods are left"
+    );
+    ensure!(on.lease().await?.is_none(), "the Lease is left");
+    let held = ReleaseView::from_object(&held_ns.releases().get("held").await?);
+    ensure!(
+        !held.finalizers.iter().any(|f| f == FENCE_FINALIZER),
+        "the fence is left"
+    );
+    refusal.lift().await?;
+    Ok(())
+}
