@@ -151,6 +151,25 @@ async fn the_controller_and_the_drain_need_nothing_beyond_the_charts_rbac() -> R
             .await?
             .success()
     );
+    // A stuck release deleted under a suspension of flux-plunger's, which
+    // helm-controller met suspended: the drain hands its history to
+    // helm-controller's uninstall (`patch helmreleases/status`) before it
+    // lifts the suspension, then lets the uninstalled release go.
+    apps.create_release("deleted", json!({})).await?;
+    hc.install("deleted").await?;
+    assert_eq!(hc.handle("deleted").await?, Handled::AddedFinalizer);
+    apps.create_storage_secret("deleted", 1, "uninstalling")
+        .await?;
+    apps.mark_stuck("deleted").await?;
+    apps.apply_as_flux_plunger("deleted", true).await?;
+    apps.releases()
+        .delete("deleted", &Default::default())
+        .await?;
+    assert_eq!(
+        hc.handle("deleted").await?,
+        Handled::UninstallSkippedBecauseSuspended
+    );
+    let (hc_loop, stop_hc) = hc.clone().spawn(Duration::from_millis(200));
     let mut command = Command::new(workspace_binary("flux-plunger-drain")?);
     command
         .args(&common)
@@ -168,8 +187,12 @@ async fn the_controller_and_the_drain_need_nothing_beyond_the_charts_rbac() -> R
         drain.log()
     );
     assert!(drain.logged("handed the Lease over"), "{}", drain.log());
+    stop_hc.store(true, std::sync::atomic::Ordering::SeqCst);
+    hc_loop.await?;
     let mid = ReleaseView::from_object(&apps.releases().get("mid").await?);
     assert!(!mid.suspend && !mid.has_fence());
+    assert!(apps.releases().get_opt("deleted").await?.is_none());
+    assert!(!hc.resources_exist("deleted").await?, "uninstalled");
     assert!(!drain.logged("Forbidden"), "{}", drain.log());
 
     // Every permission the chart grants was used, none was refused: each

@@ -211,9 +211,76 @@ pub fn is_stuck(o: &Observed) -> bool {
         .is_some_and(|m| m.contains(plunger::names::STUCK_MESSAGE))
 }
 
-/// Installs the demo release, upgrades it once (revision 1 `superseded`,
-/// revision 2 `deployed`), then leaves revision 2 as an interrupted uninstall
-/// leaves it and asks for another upgrade.
+/// Where a release of the demo chart is installed and stored: by default
+/// beside its HelmRelease under the HelmRelease's name; with
+/// `spec.releaseName`, `spec.targetNamespace` and `spec.storageNamespace`,
+/// anywhere.
+pub struct Placement {
+    /// The Helm release name (`spec.releaseName`).
+    pub helm_name: String,
+    /// Where its objects are (`spec.targetNamespace`).
+    pub target: TestNamespace,
+    /// Where its Helm storage is (`spec.storageNamespace`).
+    pub storage: TestNamespace,
+}
+
+impl Placement {
+    /// Beside the HelmRelease `name` in `ns`, as helm-controller places a
+    /// release with none of the three fields.
+    pub fn beside(ns: &TestNamespace, name: &str) -> Self {
+        Self {
+            helm_name: name.to_owned(),
+            target: same(ns),
+            storage: same(ns),
+        }
+    }
+
+    /// The spec fields that place the release here (none when beside).
+    pub fn spec(&self, ns: &TestNamespace, name: &str) -> Value {
+        if self.helm_name == name && self.target.name == ns.name && self.storage.name == ns.name {
+            return json!({});
+        }
+        json!({
+            "releaseName": self.helm_name,
+            "targetNamespace": self.target.name,
+            "storageNamespace": self.storage.name,
+        })
+    }
+
+    /// `(revision, status)` of each revision in the Helm storage.
+    pub async fn storage_statuses(&self) -> Result<Vec<(u64, String)>> {
+        revision_statuses(&self.storage.secrets(), &self.helm_name).await
+    }
+
+    /// The `data` of the demo chart's ConfigMap, if it exists.
+    pub async fn configmap_data(
+        &self,
+    ) -> Result<Option<std::collections::BTreeMap<String, String>>> {
+        Ok(
+            testkit::real_helm_controller::demo_configmap(&self.target, &self.helm_name)
+                .await?
+                .map(|c| c.data.unwrap_or_default()),
+        )
+    }
+}
+
+fn same(ns: &TestNamespace) -> TestNamespace {
+    TestNamespace {
+        name: ns.name.clone(),
+        client: ns.client.clone(),
+    }
+}
+
+/// Installs the demo release, upgrades it once, then leaves revision 2 as an
+/// interrupted uninstall leaves it and asks for another upgrade (see
+/// [`make_stuck_as`]).
+pub async fn make_stuck(ns: &TestNamespace, release: &str) -> Result<Observed> {
+    make_stuck_as(ns, release, &Placement::beside(ns, release), "uninstalling").await
+}
+
+/// Installs the demo release where `placement` says, upgrades it once
+/// (revision 1 `superseded`, revision 2 `deployed`), then leaves revision 2
+/// in `status` and asks for another upgrade.
 ///
 /// Why that gets stuck, in helm-controller v1.6's and Helm v4's code (v1.4
 /// and Helm v3 decide the same way):
@@ -230,17 +297,40 @@ pub fn is_stuck(o: &Observed) -> bool {
 ///    message and retries with backoff; every retry ends the same way.
 ///
 /// `uninstalling`, `unknown` and `uninstalled` all do this (see the table
-/// test below); `failed`, `superseded` and `pending-*` do not.
-pub async fn make_stuck(ns: &TestNamespace, release: &str) -> Result<Observed> {
-    install(ns, release, "hello").await?;
+/// test), but for `uninstalled` on helm-controller v1.4; `failed`,
+/// `superseded` and `pending-*` do not.
+pub async fn make_stuck_as(
+    ns: &TestNamespace,
+    release: &str,
+    placement: &Placement,
+    status: &str,
+) -> Result<Observed> {
+    let mut spec = testkit::real_helm_controller::demo_release(
+        &ns.name,
+        release,
+        json!({ "greeting": "hello" }),
+    );
+    testkit::merge(&mut spec["spec"], placement.spec(ns, release));
+    let object: DynamicObject = serde_json::from_value(spec)?;
+    ns.releases()
+        .create(&kube::api::PostParams::default(), &object)
+        .await?;
+    testkit::real_helm_controller::serve_demo_chart(ns, release).await?;
+    wait_until(ns, release, "installed and Ready=True", Observed::is_ready).await?;
     set_greeting(ns, release, "v2").await?;
     wait_until(ns, release, "upgraded and Ready=True", Observed::is_ready).await?;
-    let stored = revision_statuses(&ns.secrets(), release).await?;
+    let stored = placement.storage_statuses().await?;
     anyhow::ensure!(
         stored == [(1, "superseded".to_owned()), (2, "deployed".to_owned())],
         "after install and upgrade, storage holds {stored:?}"
     );
-    set_revision_status(&ns.secrets(), release, 2, "uninstalling").await?;
+    set_revision_status(
+        &placement.storage.secrets(),
+        &placement.helm_name,
+        2,
+        status,
+    )
+    .await?;
     set_greeting(ns, release, "v3").await?;
     wait_until(ns, release, "stuck with has no deployed releases", is_stuck).await
 }

@@ -7,8 +7,8 @@ use std::collections::BTreeMap;
 
 use anyhow::{Context, Result};
 use e2e::{
-    FluxPlunger, Observed, apply_as_flux_plunger, delete, install, make_stuck, set_suspend,
-    wait_gone, wait_until,
+    FluxPlunger, Observed, Placement, apply_as_flux_plunger, delete, install, make_stuck,
+    make_stuck_as, set_suspend, wait_gone, wait_until,
 };
 use plunger::names::{
     FENCE_FINALIZER, HELM_CONTROLLER_FINALIZER, PROCESSED_VERSION_ANNOTATION, reasons,
@@ -53,6 +53,8 @@ async fn flux_plunger_events(ns: &TestNamespace) -> Result<Vec<(String, String)>
         reasons::TERMINATING_WHILE_SUSPENDED,
         reasons::UNINSTALL_FENCE_HELD,
         reasons::RECOVERED,
+        reasons::UNINSTALL_HANDED_OVER,
+        reasons::RELEASED_WITHOUT_UNINSTALL,
     ];
     let mut seen: Vec<(String, String)> = ns
         .events_for(RELEASE)
@@ -250,19 +252,47 @@ struct RaceOutcome {
     helmchart_deleted: bool,
     storage: Vec<(u64, String)>,
     configmap_left: bool,
+    /// `(type, reason)` of flux-plunger's events on the release.
+    events: Vec<(String, String)>,
 }
 
+/// How the release of a race is placed and left stuck.
+#[derive(Debug, Clone, Copy)]
+struct Stuck {
+    /// The status the newest revision is left in.
+    status: &'static str,
+    /// Installed in a target namespace under a release name of its own,
+    /// stored in a third namespace; else beside the HelmRelease.
+    elsewhere: bool,
+}
+
+const UNINSTALLING: Stuck = Stuck {
+    status: "uninstalling",
+    elsewhere: false,
+};
+
 /// A real flux-plunger (a test build) recovering a release the real
-/// helm-controller left stuck, paused right after it took its suspension
-/// (and, unless `unfenced`, its fence): the delete lands in that window,
-/// handled first by `first`. Then everything settles and the release is gone.
+/// helm-controller left stuck as `stuck` says, paused right after it took
+/// its suspension (and, unless `unfenced`, its fence): the delete lands in
+/// that window, handled first by `first`. Then everything settles and the
+/// release is gone.
 async fn delete_during_a_paused_recovery(
     prefix: &str,
+    stuck: Stuck,
     first: FirstToHandle,
     unfenced: bool,
 ) -> Result<RaceOutcome> {
     let ns = namespace(prefix).await?;
-    make_stuck(&ns, RELEASE).await?;
+    let placement = if stuck.elsewhere {
+        Placement {
+            helm_name: "custom".to_owned(),
+            target: namespace(&format!("{prefix}-target")).await?,
+            storage: namespace(&format!("{prefix}-storage")).await?,
+        }
+    } else {
+        Placement::beside(&ns, RELEASE)
+    };
+    make_stuck_as(&ns, RELEASE, &placement, stuck.status).await?;
     let gate = tempfile::tempdir()?;
     let pause = gate.path().join("pause");
     let (reached, resume) = (
@@ -370,42 +400,109 @@ async fn delete_during_a_paused_recovery(
     Ok(RaceOutcome {
         held_after_suspended_delete,
         helmchart_deleted: !helmchart_exists(&ns, RELEASE).await?,
-        storage: storage(&ns).await?,
-        configmap_left: configmap_data(&ns).await?.is_some(),
+        storage: placement.storage_statuses().await?,
+        configmap_left: placement.configmap_data().await?.is_some(),
+        events: flux_plunger_events(&ns).await?,
     })
 }
 
 /// SPEC §5 against the real helm-controller, in both orders: the fence holds
-/// the deleted release until helm-controller has handled it unsuspended. Its
-/// deletion path then ran (the HelmChart is gone); flux-plunger deleted no
-/// storage revision (it saw the delete and kept the stuck one).
-///
-/// The ConfigMap stays, fence or not: helm-controller cleared `status.history`
-/// when it met the stuck storage ("release not managed by controller"), and
-/// its uninstall needs the latest history entry (`ErrNoLatest`, tolerated on
-/// delete). See README "Known limits"; if helm-controller ever uninstalls such
-/// a release, the `configmap_left` assertions below say so.
+/// the deleted release until helm-controller has handled it unsuspended.
+/// helm-controller had cleared `status.history` when it met the stuck storage
+/// ("release not managed by controller"), so flux-plunger hands it the newest
+/// revision before it lifts its suspension (SPEC §5a): helm-controller's
+/// deletion path then runs the Helm uninstall. The release's objects, its
+/// storage and its HelmChart are gone, and so is the release.
 #[tokio::test]
 async fn a_delete_while_the_paused_process_holds_its_suspension_is_held_until_helm_controller_handles_it_unsuspended()
 -> Result<()> {
-    for (prefix, first) in [
+    let races = [
         ("e2e-race-hc-first", FirstToHandle::HelmController),
         ("e2e-race-fp-first", FirstToHandle::FluxPlunger),
-    ] {
-        let outcome = delete_during_a_paused_recovery(prefix, first, false).await?;
-        assert!(
-            outcome.held_after_suspended_delete,
-            "{first:?}: {outcome:?}"
-        );
-        assert!(outcome.helmchart_deleted, "{first:?}: {outcome:?}");
-        assert_eq!(
-            outcome.storage,
-            revisions(&[(1, "superseded"), (2, "uninstalling")]),
-            "{first:?}"
-        );
-        assert!(outcome.configmap_left, "{first:?}: {outcome:?}");
+    ]
+    .map(|(prefix, first)| async move {
+        let outcome = delete_during_a_paused_recovery(prefix, UNINSTALLING, first, false).await?;
+        anyhow::Ok((first, outcome))
+    });
+    for (first, outcome) in futures::future::try_join_all(races).await? {
+        assert_uninstalled(&format!("{first:?}"), &outcome);
     }
     Ok(())
+}
+
+/// The release a race left was uninstalled for real, and flux-plunger said
+/// it handed the uninstall over.
+fn assert_uninstalled(case: &str, outcome: &RaceOutcome) {
+    assert!(outcome.held_after_suspended_delete, "{case}: {outcome:?}");
+    assert!(outcome.helmchart_deleted, "{case}: {outcome:?}");
+    assert_eq!(outcome.storage, revisions(&[]), "{case}: {outcome:?}");
+    assert!(!outcome.configmap_left, "{case}: {outcome:?}");
+    assert!(
+        outcome.events.contains(&(
+            "Normal".to_owned(),
+            reasons::UNINSTALL_HANDED_OVER.to_owned()
+        )),
+        "{case}: {outcome:?}"
+    );
+    assert!(
+        outcome.events.iter().all(|(t, _)| t == "Normal"),
+        "{case}: {outcome:?}"
+    );
+}
+
+/// The same in every state the real helm-controller leaves stuck, and for a
+/// release installed in a target namespace under a release name of its own,
+/// with its storage in a third namespace. A newest `uninstalled` revision is
+/// one Helm's uninstall would only purge: flux-plunger deletes it first, so
+/// that the uninstall targets the revision below, whose objects are there.
+#[tokio::test]
+async fn a_delete_during_a_paused_recovery_is_uninstalled_from_every_stuck_state_and_storage_place()
+-> Result<()> {
+    let mut cases = vec![
+        (
+            "e2e-race-unknown",
+            Stuck {
+                status: "unknown",
+                elsewhere: false,
+            },
+            FirstToHandle::HelmController,
+        ),
+        (
+            "e2e-race-elsewhere",
+            Stuck {
+                status: "uninstalling",
+                elsewhere: true,
+            },
+            FirstToHandle::FluxPlunger,
+        ),
+    ];
+    // helm-controller v1.4 answers a newest `uninstalled` revision with an
+    // install ("cannot re-use a name that is still in use"), never with the
+    // stuck message: flux-plunger has nothing to recover there.
+    if uninstalled_is_stuck() {
+        cases.push((
+            "e2e-race-uninstalled",
+            Stuck {
+                status: "uninstalled",
+                elsewhere: false,
+            },
+            FirstToHandle::HelmController,
+        ));
+    }
+    let races = cases.into_iter().map(|(prefix, stuck, first)| async move {
+        let outcome = delete_during_a_paused_recovery(prefix, stuck, first, false).await?;
+        anyhow::Ok((stuck, first, outcome))
+    });
+    for (stuck, first, outcome) in futures::future::try_join_all(races).await? {
+        assert_uninstalled(&format!("{stuck:?} {first:?}"), &outcome);
+    }
+    Ok(())
+}
+
+/// Whether the helm-controller under test leaves a newest `uninstalled`
+/// revision stuck (v1.6) or installs over it (v1.4).
+fn uninstalled_is_stuck() -> bool {
+    !helm_controller().version.starts_with("v1.4.")
 }
 
 /// The bug the fence exists for, seen by the suite: the same race with the
@@ -414,9 +511,13 @@ async fn a_delete_while_the_paused_process_holds_its_suspension_is_held_until_he
 /// holds the release, so it goes at once and its HelmChart is orphaned.
 #[tokio::test]
 async fn without_the_fence_the_same_delete_skips_helm_controller_s_deletion_path() -> Result<()> {
-    let outcome =
-        delete_during_a_paused_recovery("e2e-race-unfenced", FirstToHandle::HelmController, true)
-            .await?;
+    let outcome = delete_during_a_paused_recovery(
+        "e2e-race-unfenced",
+        UNINSTALLING,
+        FirstToHandle::HelmController,
+        true,
+    )
+    .await?;
     assert!(!outcome.held_after_suspended_delete, "{outcome:?}");
     assert!(!outcome.helmchart_deleted, "orphaned: {outcome:?}");
     assert!(outcome.configmap_left, "{outcome:?}");

@@ -33,24 +33,45 @@ enum Then {
     Controller,
 }
 
+/// What the drain finds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Scenario {
+    /// Three fenced releases: `bare-fence` (a fence drop), `deleted` (a lift
+    /// keeping the fence, then, on a later pass once helm-controller has
+    /// uninstalled, the second fence drop), `mid-recovery` (a lift of both).
+    Fences,
+    /// `stuck-deleted`: a stuck release deleted under flux-plunger's
+    /// suspension, which helm-controller met suspended: its history handed
+    /// over before the lift (SPEC §5a).
+    StuckDeleted,
+}
+
+impl Scenario {
+    fn releases(self) -> &'static [&'static str] {
+        match self {
+            Scenario::Fences => &["bare-fence", "deleted", "mid-recovery"],
+            Scenario::StuckDeleted => &["stuck-deleted"],
+        }
+    }
+}
+
 struct Case {
+    scenario: Scenario,
     /// The fail point as `FLUX_PLUNGER_TEST_PAUSE_AT` lists it.
     point: &'static str,
     then: Then,
     /// The releases while the drain waits at the point, in the words of
-    /// [`observe`]. In listing order: `bare-fence` (a fence drop), `deleted`
-    /// (a lift keeping the fence, then, on a later pass once helm-controller
-    /// has uninstalled, the second fence drop), `mid-recovery` (a lift of both).
+    /// [`observe`], in listing order.
     at_kill: &'static str,
 }
 
 macro_rules! crash_cases {
-    ($($test:ident: at $point:literal, then $then:ident, state $state:literal;)*) => {
-        const CASES: &[Case] = &[$(Case { point: $point, then: Then::$then, at_kill: $state }),*];
+    ($($test:ident: $scenario:ident at $point:literal, then $then:ident, state $state:literal;)*) => {
+        const CASES: &[Case] = &[$(Case { scenario: Scenario::$scenario, point: $point, then: Then::$then, at_kill: $state }),*];
         $(
             #[tokio::test]
             async fn $test() -> Result<()> {
-                let case = Case { point: $point, then: Then::$then, at_kill: $state };
+                let case = Case { scenario: Scenario::$scenario, point: $point, then: Then::$then, at_kill: $state };
                 crash_at(&case).await.with_context(|| {
                     format!("drain killed at {}, then {:?}", case.point, case.then)
                 })
@@ -60,30 +81,39 @@ macro_rules! crash_cases {
 }
 
 crash_cases! {
-    before_drop_fence_then_drain: at "before-drop-fence", then SecondDrain,
+    before_drop_fence_then_drain: Fences at "before-drop-fence", then SecondDrain,
         state "bare-fence: live fenced; deleted: terminating suspended fenced; mid-recovery: live suspended fenced";
-    after_drop_fence_then_drain: at "after-drop-fence", then SecondDrain,
+    after_drop_fence_then_drain: Fences at "after-drop-fence", then SecondDrain,
         state "bare-fence: live; deleted: terminating suspended fenced; mid-recovery: live suspended fenced";
-    before_lift_then_drain: at "before-lift", then SecondDrain,
+    before_lift_then_drain: Fences at "before-lift", then SecondDrain,
         state "bare-fence: live; deleted: terminating suspended fenced; mid-recovery: live suspended fenced";
-    after_lift_then_drain: at "after-lift", then SecondDrain,
+    after_lift_then_drain: Fences at "after-lift", then SecondDrain,
         state "bare-fence: live; deleted: terminating fenced; mid-recovery: live suspended fenced";
-    before_the_uninstalled_release_s_drop_then_drain: at "before-drop-fence@2", then SecondDrain,
+    before_the_uninstalled_release_s_drop_then_drain: Fences at "before-drop-fence@2", then SecondDrain,
         state "bare-fence: live; deleted: terminating fenced; mid-recovery: live";
-    after_the_uninstalled_release_s_drop_then_drain: at "after-drop-fence@2", then SecondDrain,
+    after_the_uninstalled_release_s_drop_then_drain: Fences at "after-drop-fence@2", then SecondDrain,
         state "bare-fence: live; deleted: gone; mid-recovery: live";
-    before_drop_fence_then_controller: at "before-drop-fence", then Controller,
+    before_drop_fence_then_controller: Fences at "before-drop-fence", then Controller,
         state "bare-fence: live fenced; deleted: terminating suspended fenced; mid-recovery: live suspended fenced";
-    after_drop_fence_then_controller: at "after-drop-fence", then Controller,
+    after_drop_fence_then_controller: Fences at "after-drop-fence", then Controller,
         state "bare-fence: live; deleted: terminating suspended fenced; mid-recovery: live suspended fenced";
-    before_lift_then_controller: at "before-lift", then Controller,
+    before_lift_then_controller: Fences at "before-lift", then Controller,
         state "bare-fence: live; deleted: terminating suspended fenced; mid-recovery: live suspended fenced";
-    after_lift_then_controller: at "after-lift", then Controller,
+    after_lift_then_controller: Fences at "after-lift", then Controller,
         state "bare-fence: live; deleted: terminating fenced; mid-recovery: live suspended fenced";
-    before_the_uninstalled_release_s_drop_then_controller: at "before-drop-fence@2", then Controller,
+    before_the_uninstalled_release_s_drop_then_controller: Fences at "before-drop-fence@2", then Controller,
         state "bare-fence: live; deleted: terminating fenced; mid-recovery: live";
-    after_the_uninstalled_release_s_drop_then_controller: at "after-drop-fence@2", then Controller,
+    after_the_uninstalled_release_s_drop_then_controller: Fences at "after-drop-fence@2", then Controller,
         state "bare-fence: live; deleted: gone; mid-recovery: live";
+
+    before_history_write_then_drain: StuckDeleted at "before-history-write", then SecondDrain,
+        state "stuck-deleted: terminating suspended fenced";
+    after_history_write_then_drain: StuckDeleted at "after-history-write", then SecondDrain,
+        state "stuck-deleted: terminating suspended fenced history";
+    before_history_write_then_controller: StuckDeleted at "before-history-write", then Controller,
+        state "stuck-deleted: terminating suspended fenced";
+    after_history_write_then_controller: StuckDeleted at "after-history-write", then Controller,
+        state "stuck-deleted: terminating suspended fenced history";
 }
 
 #[test]
@@ -93,6 +123,8 @@ fn every_write_of_the_drain_is_crashed_at_before_and_after() {
         Step::AfterLift,
         Step::BeforeDropFence,
         Step::AfterDropFence,
+        Step::BeforeHistoryWrite,
+        Step::AfterHistoryWrite,
     ] {
         for then in [Then::SecondDrain, Then::Controller] {
             assert!(
@@ -112,18 +144,31 @@ async fn crash_at(case: &Case) -> Result<()> {
     let client = control_plane().client().await?;
     let ns = TestNamespace::create(&client, "drain-crash").await?;
     let hc = SimulatedHelmController::new(client.clone(), &ns.name);
-    installed(&ns, &hc, "mid-recovery").await?;
-    ns.apply_as_flux_plunger("mid-recovery", true).await?;
-    installed(&ns, &hc, "bare-fence").await?;
-    ns.apply_as_flux_plunger("bare-fence", false).await?;
-    installed(&ns, &hc, "deleted").await?;
-    ns.apply_as_flux_plunger("deleted", true).await?;
+    let deleted = match case.scenario {
+        Scenario::Fences => {
+            installed(&ns, &hc, "mid-recovery").await?;
+            ns.apply_as_flux_plunger("mid-recovery", true).await?;
+            installed(&ns, &hc, "bare-fence").await?;
+            ns.apply_as_flux_plunger("bare-fence", false).await?;
+            installed(&ns, &hc, "deleted").await?;
+            ns.apply_as_flux_plunger("deleted", true).await?;
+            "deleted"
+        }
+        Scenario::StuckDeleted => {
+            installed(&ns, &hc, "stuck-deleted").await?;
+            ns.create_storage_secret("stuck-deleted", 1, "uninstalling")
+                .await?;
+            ns.mark_stuck("stuck-deleted").await?;
+            ns.apply_as_flux_plunger("stuck-deleted", true).await?;
+            "stuck-deleted"
+        }
+    };
     ns.releases()
-        .delete("deleted", &DeleteParams::default())
+        .delete(deleted, &DeleteParams::default())
         .await?;
     // Deleted while suspended: helm-controller skips the uninstall and drops
     // its finalizer; only the fence holds the release.
-    hc.handle("deleted").await?;
+    hc.handle(deleted).await?;
     lead(&ns).await?;
     let guarded = ns.guarded().await?;
     let (helm_controller, stop) = hc.clone().spawn(Duration::from_millis(200));
@@ -133,17 +178,23 @@ async fn crash_at(case: &Case) -> Result<()> {
     let mut first = start_drain(&ns, &guarded, &gate.env(&[point])).await?;
     first.process.sigterm()?;
     gate.wait_reached(point, &mut first.process.child).await?;
-    let state = observe(&ns).await?;
+    let state = observe(&ns, case.scenario).await?;
     kill9(&mut first.process.child).await?;
     assert_eq!(
         state, case.at_kill,
         "the state at {point} is not what the point claims"
     );
 
-    let settled = Settled {
-        live: vec!["bare-fence".into(), "mid-recovery".into()],
-        deleted: vec!["deleted".into()],
-        ..Default::default()
+    let settled = match case.scenario {
+        Scenario::Fences => Settled {
+            live: vec!["bare-fence".into(), "mid-recovery".into()],
+            deleted: vec!["deleted".into()],
+            ..Default::default()
+        },
+        Scenario::StuckDeleted => Settled {
+            deleted: vec!["stuck-deleted".into()],
+            ..Default::default()
+        },
     };
     let outcome = match case.then {
         Then::SecondDrain => {
@@ -170,16 +221,23 @@ async fn crash_at(case: &Case) -> Result<()> {
 }
 
 /// Each release as `name: words`, words as the controller's crash suite has
-/// them: `live`/`terminating`/`gone`, `suspended` (by flux-plunger), `fenced`.
-async fn observe(ns: &TestNamespace) -> Result<String> {
+/// them: `live`/`terminating`/`gone`, `suspended` (by flux-plunger), `fenced`;
+/// for a release still suspended by flux-plunger, `history` once its history
+/// names a release (helm-controller changes it only once unsuspended).
+async fn observe(ns: &TestNamespace, scenario: Scenario) -> Result<String> {
     let mut lines = Vec::new();
-    for name in ["bare-fence", "deleted", "mid-recovery"] {
+    for name in scenario.releases() {
         let view = ns
             .releases()
             .get_opt(name)
             .await?
             .map(|o| ReleaseView::from_object(&o));
-        let words = release_words(view.as_ref());
+        let mut words = release_words(view.as_ref());
+        if view.as_ref().is_some_and(|v| {
+            scenario == Scenario::StuckDeleted && v.suspended_by_us() && v.has_history
+        }) {
+            words.push("history");
+        }
         lines.push(format!("{name}: {}", words.join(" ")));
     }
     Ok(lines.join("; "))

@@ -167,6 +167,8 @@ async fn reconcile(object: Arc<DynamicObject>, ctx: Arc<Context>) -> Result<Acti
     Ok(match outcome {
         Outcome::FenceHeld { recheck } => Action::requeue(recheck),
         Outcome::RateLimited { retry_after } => Action::requeue(retry_after),
+        // Deleting a Secret wakes no watch: decide again at once.
+        Outcome::ReclaimedUninstalled { .. } => Action::requeue(Duration::ZERO),
         _ => Action::await_change(),
     })
 }

@@ -24,6 +24,9 @@ pub struct Metrics {
     pub registry: Registry,
     /// Recovery attempts by how they ended.
     pub recoveries: Family<ResultLabel, Counter>,
+    /// What was done for the uninstall of releases deleted with an empty
+    /// history, by result.
+    pub uninstall_handovers: Family<ResultLabel, Counter>,
     /// Reconciles that failed, by the step that failed.
     pub errors: Family<KindLabel, Counter>,
     /// Reconcile duration.
@@ -40,6 +43,7 @@ impl Default for Metrics {
     fn default() -> Self {
         let mut registry = Registry::with_prefix("flux_plunger");
         let recoveries = Family::<ResultLabel, Counter>::default();
+        let uninstall_handovers = Family::<ResultLabel, Counter>::default();
         let errors = Family::<KindLabel, Counter>::default();
         let reconcile_duration = Histogram::new([
             0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
@@ -51,6 +55,11 @@ impl Default for Metrics {
             "recoveries",
             "Recovery attempts of stuck HelmReleases, by result",
             recoveries.clone(),
+        );
+        registry.register(
+            "uninstall_handovers",
+            "Steps that bring a HelmRelease deleted with an empty history to helm-controller's uninstall, by result",
+            uninstall_handovers.clone(),
         );
         registry.register(
             "reconcile_errors",
@@ -80,6 +89,7 @@ impl Default for Metrics {
         Self {
             registry,
             recoveries,
+            uninstall_handovers,
             errors,
             reconcile_duration,
             fences_held,
@@ -92,6 +102,21 @@ impl Default for Metrics {
 impl Metrics {
     /// Counts a reconcile's outcome.
     pub fn observe(&self, outcome: &Outcome) {
+        let handover = match outcome {
+            Outcome::HandedOver { .. } => Some("handed_over"),
+            Outcome::ReclaimedUninstalled { .. } => Some("reclaimed_uninstalled"),
+            Outcome::ReconcileRequested => Some("reconcile_requested"),
+            Outcome::ReleasedWithoutUninstall => Some("released_without_uninstall"),
+            _ => None,
+        };
+        if let Some(result) = handover {
+            self.uninstall_handovers
+                .get_or_create(&ResultLabel {
+                    result: result.to_owned(),
+                })
+                .inc();
+            return;
+        }
         let result = match outcome {
             Outcome::Recovered { .. } => "recovered",
             Outcome::Deferred => "deferred",

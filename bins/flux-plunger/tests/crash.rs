@@ -4,7 +4,8 @@
 //!
 //! - a release deleted without a foreign suspension got its uninstall;
 //! - no suspension or fence of ours is left on a live, settled release;
-//! - no storage Secret but the stuck (newest, reclaimable) revision is deleted;
+//! - no storage Secret but the stuck (newest, reclaimable) revision is deleted
+//!   from a live release (a deleted one's storage goes with its uninstall);
 //! - nothing is left Terminating once helm-controller has answered.
 //!
 //! Each case runs in a namespace of its own, with a controller scoped to it
@@ -19,12 +20,13 @@ use anyhow::{Context, Result};
 use kube::api::{Patch, PatchParams};
 use plunger::names::{
     FENCE_FINALIZER, FIELD_MANAGER, HELMRELEASE_API_VERSION, HELMRELEASE_KIND,
-    PROCESSED_VERSION_ANNOTATION,
+    PROCESSED_VERSION_ANNOTATION, RECONCILE_REQUEST_PREFIX, RECONCILE_REQUESTED_AT_ANNOTATION,
 };
 use plunger::reconcile::Step;
 use plunger::release::ReleaseView;
 use serde_json::json;
 use testkit::crash::{PauseGate, Settled, free_ports, kill9, release_words};
+use testkit::helm_controller::pass_due;
 use testkit::process::LoggedProcess;
 use testkit::{Handled, SimulatedHelmController, TestNamespace, control_plane};
 use tokio::process::Command;
@@ -55,6 +57,10 @@ enum Scenario {
     /// The same release deleted (SPEC §5b): the fence drop, the uninstall
     /// skipped as that manager meant.
     ForeignSuspensionDeleted,
+    /// A stuck release under our fence alone, deleted, which helm-controller
+    /// let go unsuspended without an uninstall (its history was empty): the
+    /// history handed over, the reconcile request, the fence drop.
+    DeletedUnsuspended,
 }
 
 /// One crash: the scenario, the point (as `FLUX_PLUNGER_TEST_PAUSE_AT` lists
@@ -95,21 +101,30 @@ crash_cases! {
     forced_before_forced_acquire: ForcedRecovery, at "before-forced-acquire", state "live stuck-secret";
     forced_acquired: ForcedRecovery, at "acquired", state "live suspended fenced stuck-secret";
 
-    deleted_at_acquired_before_undo_lift: DeletedAt("acquired"), at "before-lift", state "terminating suspended fenced stuck-secret";
-    deleted_at_acquired_after_undo_lift: DeletedAt("acquired"), at "after-lift", state "terminating fenced stuck-secret";
+    deleted_at_acquired_before_history_write: DeletedAt("acquired"), at "before-history-write", state "terminating suspended fenced stuck-secret";
+    deleted_at_acquired_after_history_write: DeletedAt("acquired"), at "after-history-write", state "terminating suspended fenced history stuck-secret";
+    deleted_at_acquired_before_undo_lift: DeletedAt("acquired"), at "before-lift", state "terminating suspended fenced history stuck-secret";
+    deleted_at_acquired_after_undo_lift: DeletedAt("acquired"), at "after-lift", state "terminating fenced";
     deleted_at_annotated: DeletedAt("annotated"), at "annotated", state "terminating suspended fenced annotated stuck-secret";
-    deleted_at_annotated_before_abort_lift: DeletedAt("annotated"), at "before-lift", state "terminating suspended fenced annotated stuck-secret";
-    deleted_at_annotated_after_abort_lift: DeletedAt("annotated"), at "after-lift", state "terminating fenced annotated stuck-secret";
-    deleted_at_annotated_before_drop_fence: DeletedAt("annotated"), at "before-drop-fence", state "terminating fenced annotated stuck-secret";
-    deleted_at_annotated_after_drop_fence: DeletedAt("annotated"), at "after-drop-fence", state "gone stuck-secret";
+    deleted_at_annotated_before_abort_lift: DeletedAt("annotated"), at "before-lift", state "terminating suspended fenced annotated history stuck-secret";
+    deleted_at_annotated_after_abort_lift: DeletedAt("annotated"), at "after-lift", state "terminating fenced annotated";
+    deleted_at_annotated_before_drop_fence: DeletedAt("annotated"), at "before-drop-fence", state "terminating fenced annotated";
+    deleted_at_annotated_after_drop_fence: DeletedAt("annotated"), at "after-drop-fence", state "gone";
     deleted_before_delete_storage_after_it: DeletedAt("before-delete-storage"), at "after-delete-storage", state "terminating suspended fenced annotated";
     deleted_before_delete_storage_before_final_lift: DeletedAt("before-delete-storage"), at "before-lift", state "terminating suspended fenced annotated";
-    deleted_before_delete_storage_before_lift_keeping_fence: DeletedAt("before-delete-storage"), at "before-lift@2", state "terminating suspended fenced annotated";
+    deleted_before_delete_storage_before_lift_keeping_fence: DeletedAt("before-delete-storage"), at "before-lift@2", state "terminating suspended fenced annotated history";
     deleted_before_delete_storage_after_lift_keeping_fence: DeletedAt("before-delete-storage"), at "after-lift", state "terminating fenced annotated";
 
-    foreign_suspension_before_drop_fence: ForeignSuspension, at "before-drop-fence", state "live fenced";
-    foreign_suspension_after_drop_fence: ForeignSuspension, at "after-drop-fence", state "live";
-    foreign_suspension_deleted_before_drop_fence: ForeignSuspensionDeleted, at "before-drop-fence", state "terminating fenced";
+    deleted_unsuspended_before_history_write: DeletedUnsuspended, at "before-history-write", state "terminating fenced stuck-secret";
+    deleted_unsuspended_after_history_write: DeletedUnsuspended, at "after-history-write", state "terminating fenced history stuck-secret";
+    deleted_unsuspended_before_reconcile_request: DeletedUnsuspended, at "before-reconcile-request", state "terminating fenced history stuck-secret";
+    deleted_unsuspended_after_reconcile_request: DeletedUnsuspended, at "after-reconcile-request", state "terminating fenced requested";
+    deleted_unsuspended_before_drop_fence: DeletedUnsuspended, at "before-drop-fence", state "terminating fenced requested";
+    deleted_unsuspended_after_drop_fence: DeletedUnsuspended, at "after-drop-fence", state "gone";
+
+    foreign_suspension_before_drop_fence: ForeignSuspension, at "before-drop-fence", state "live fenced history";
+    foreign_suspension_after_drop_fence: ForeignSuspension, at "after-drop-fence", state "live history";
+    foreign_suspension_deleted_before_drop_fence: ForeignSuspensionDeleted, at "before-drop-fence", state "terminating fenced history";
     foreign_suspension_deleted_after_drop_fence: ForeignSuspensionDeleted, at "after-drop-fence", state "gone";
 }
 
@@ -150,7 +165,7 @@ async fn crash_at(case: &Case) -> Result<()> {
                 ns.releases().delete(RELEASE, &Default::default()).await?;
             }
         }
-        Recovery | ForcedRecovery | DeletedAt(_) => {
+        Recovery | ForcedRecovery | DeletedAt(_) | DeletedUnsuspended => {
             ns.create_storage_secret(RELEASE, 1, "failed").await?;
             ns.create_storage_secret(RELEASE, 2, "uninstalling").await?;
             if case.scenario == ForcedRecovery {
@@ -158,6 +173,14 @@ async fn crash_at(case: &Case) -> Result<()> {
                 update_suspend_as(&ns, "velero", false).await?;
             }
             ns.mark_stuck(RELEASE).await?;
+            if case.scenario == DeletedUnsuspended {
+                ns.apply_as_flux_plunger(RELEASE, false).await?;
+                ns.releases().delete(RELEASE, &Default::default()).await?;
+                assert_eq!(
+                    hc.handle(RELEASE).await?,
+                    Handled::NothingRecordedToUninstall
+                );
+            }
         }
     }
     let (helm_controller, stop) = hc.clone().spawn(Duration::from_millis(200));
@@ -197,16 +220,11 @@ async fn crash_at(case: &Case) -> Result<()> {
             reclaimed_secrets: vec![STUCK.into()],
             ..Default::default()
         },
-        DeletedAt("before-delete-storage") => Settled {
-            // The delete landed after the last re-check: the stuck revision
-            // went, as SPEC §4.11 accepts; the one below stays.
+        // helm-controller's uninstall purges the storage: nothing of it is
+        // kept, and the uninstall itself is what `deleted` checks.
+        DeletedAt(_) | DeletedUnsuspended => Settled {
             deleted: vec![RELEASE.into()],
-            kept_secrets: vec![BELOW.into()],
-            ..Default::default()
-        },
-        DeletedAt(_) => Settled {
-            deleted: vec![RELEASE.into()],
-            kept_secrets: vec![BELOW.into(), STUCK.into()],
+            reclaimed_secrets: vec![BELOW.into(), STUCK.into()],
             ..Default::default()
         },
         ForeignSuspension => Settled {
@@ -257,9 +275,12 @@ async fn update_suspend_as(ns: &TestNamespace, manager: &str, value: bool) -> Re
 }
 
 /// The release as words: `live`/`terminating`/`gone`, then `suspended` (by
-/// flux-plunger), `fenced`, `annotated`, `stuck-secret` (the stuck revision
-/// still stored). Whether helm-controller has uninstalled yet is left out: it
-/// answers on its own clock; the settled state checks the uninstall.
+/// flux-plunger), `fenced`, `annotated`, `requested` (a reconcile request of
+/// flux-plunger's), then what helm-controller's uninstall changes: `history`
+/// (its history names a release), `stuck-secret` (the stuck revision still
+/// stored). Those two are left out while a pass of helm-controller's over
+/// the unsuspended, deleted release is due: it answers on its own clock; the
+/// settled state checks the uninstall.
 async fn observe(ns: &TestNamespace) -> Result<String> {
     let view = ns
         .releases()
@@ -267,8 +288,25 @@ async fn observe(ns: &TestNamespace) -> Result<String> {
         .await?
         .map(|o| ReleaseView::from_object(&o));
     let mut words = release_words(view.as_ref());
-    if view.is_some_and(|v| v.annotations.contains_key(PROCESSED_VERSION_ANNOTATION)) {
+    let Some(view) = view else {
+        return Ok(words.join(" "));
+    };
+    if view.annotations.contains_key(PROCESSED_VERSION_ANNOTATION) {
         words.push("annotated");
+    }
+    if view
+        .annotations
+        .get(RECONCILE_REQUESTED_AT_ANNOTATION)
+        .is_some_and(|v| v.starts_with(RECONCILE_REQUEST_PREFIX))
+    {
+        words.push("requested");
+    }
+    // Suspended, by anyone, helm-controller changes neither.
+    if view.terminating && !view.suspend && pass_due(&view) {
+        return Ok(words.join(" "));
+    }
+    if view.has_history {
+        words.push("history");
     }
     if ns.secrets().get_opt(STUCK).await?.is_some() {
         words.push("stuck-secret");

@@ -1,5 +1,7 @@
-//! The one write primitive (SPEC §3) and the annotation patch. Nothing else
-//! in flux-plunger writes a HelmRelease.
+//! The one write primitive (SPEC §3), the annotation patch, and the two
+//! writes that hand a release being deleted to helm-controller's uninstall
+//! (SPEC §5a, §5d): its history, and a reconcile request. Nothing else in
+//! flux-plunger writes a HelmRelease.
 //!
 //! Every apply carries the `resourceVersion` and `uid` of the read that
 //! decided on it: a write landing in between makes it fail with 409 instead
@@ -13,10 +15,11 @@ use kube::Client;
 use kube::api::{DynamicObject, Patch, PatchParams};
 use serde_json::{Value, json};
 
+use crate::history::HistorySnapshot;
 use crate::names::{
     FENCE_FINALIZER, FENCE_LABEL, FENCE_LABEL_VALUE, FIELD_MANAGER, HELMRELEASE_API_VERSION,
     HELMRELEASE_KIND, PROCESSED_BELOW_UID_ANNOTATION, PROCESSED_VERSION_ANNOTATION,
-    SHARED_FIELD_MANAGER,
+    RECONCILE_REQUESTED_AT_ANNOTATION, SHARED_FIELD_MANAGER,
 };
 use crate::release::{ReleaseView, helmreleases};
 
@@ -125,6 +128,77 @@ pub async fn annotate(
         .await
 }
 
+/// The status patch that hands helm-controller the history its uninstall
+/// needs: one snapshot, and the storage namespace when the status lost it.
+/// Locked on the resourceVersion read, so that a status helm-controller
+/// wrote meanwhile is never overwritten.
+pub fn history_patch(
+    release: &ReleaseView,
+    snapshot: &HistorySnapshot,
+    storage_namespace: Option<&str>,
+) -> Value {
+    let mut status = json!({ "history": [snapshot.to_json()] });
+    if let Some(namespace) = storage_namespace {
+        status["storageNamespace"] = json!(namespace);
+    }
+    json!({
+        "metadata": {"resourceVersion": release.resource_version},
+        "status": status,
+    })
+}
+
+/// Writes [`history_patch`] through the status subresource, as manager
+/// `flux-plunger` (an `Update` of status fields only: it never makes a
+/// suspension ours, SPEC §2).
+pub async fn write_history(
+    client: &Client,
+    release: &ReleaseView,
+    snapshot: &HistorySnapshot,
+    storage_namespace: Option<&str>,
+) -> kube::Result<DynamicObject> {
+    let params = PatchParams {
+        field_manager: Some(FIELD_MANAGER.to_owned()),
+        ..PatchParams::default()
+    };
+    helmreleases(client.clone(), &release.namespace)
+        .patch_status(
+            &release.name,
+            &params,
+            &Patch::Merge(history_patch(release, snapshot, storage_namespace)),
+        )
+        .await
+}
+
+/// The merge patch that asks helm-controller to reconcile (the annotation
+/// `flux reconcile` writes), locked on the resourceVersion read.
+pub fn reconcile_request_patch(release: &ReleaseView, requested_at: &str) -> Value {
+    json!({
+        "metadata": {
+            "resourceVersion": release.resource_version,
+            "annotations": { RECONCILE_REQUESTED_AT_ANNOTATION: requested_at },
+        },
+    })
+}
+
+/// Writes [`reconcile_request_patch`] as manager `flux-plunger`.
+pub async fn request_reconcile(
+    client: &Client,
+    release: &ReleaseView,
+    requested_at: &str,
+) -> kube::Result<DynamicObject> {
+    let params = PatchParams {
+        field_manager: Some(FIELD_MANAGER.to_owned()),
+        ..PatchParams::default()
+    };
+    helmreleases(client.clone(), &release.namespace)
+        .patch(
+            &release.name,
+            &params,
+            &Patch::Merge(reconcile_request_patch(release, requested_at)),
+        )
+        .await
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -190,6 +264,32 @@ mod tests {
         assert_eq!(
             annotation_patch(&release(), 1, None)["metadata"]["annotations"]["flux-plunger.cozystack.io/last-processed-below-uid"],
             ""
+        );
+    }
+
+    fn snapshot() -> HistorySnapshot {
+        HistorySnapshot::example("web", 2, "uninstalling")
+    }
+
+    #[test]
+    fn the_history_write_is_locked_and_holds_one_snapshot_and_nothing_else() {
+        assert_eq!(
+            history_patch(&release(), &snapshot(), None),
+            json!({"metadata": {"resourceVersion": "42"},
+                "status": {"history": [snapshot().to_json()]}})
+        );
+        assert_eq!(
+            history_patch(&release(), &snapshot(), Some("store"))["status"]["storageNamespace"],
+            "store"
+        );
+    }
+
+    #[test]
+    fn the_reconcile_request_is_locked_on_the_resource_version_read() {
+        assert_eq!(
+            reconcile_request_patch(&release(), "flux-plunger-uninstall-t"),
+            json!({"metadata": {"resourceVersion": "42",
+                "annotations": {"reconcile.fluxcd.io/requestedAt": "flux-plunger-uninstall-t"}}})
         );
     }
 }

@@ -5,6 +5,7 @@
 
 use std::time::Duration;
 
+use crate::history::HistorySnapshot;
 use crate::names::reasons;
 use crate::release::{ProcessedVersion, ReleaseView};
 use crate::storage::StorageRevision;
@@ -59,6 +60,90 @@ pub enum Decision {
     },
     /// Stuck, not suspended, no fence: look at the Helm storage next.
     InspectStorage,
+    /// What a delete needs next depends on the Helm storage: read it, then
+    /// [`decide_with_storage`].
+    ReadStorage,
+    /// helm-controller's history is empty, so its deletion path would
+    /// uninstall nothing: write `snapshot` (the newest live revision) to
+    /// `status.history`, with `storage_namespace` when the status lost it,
+    /// then do `then` (SPEC §5a, §5d).
+    HandOver {
+        snapshot: Box<HistorySnapshot>,
+        storage_namespace: Option<String>,
+        then: AfterHandOver,
+        event: EventSpec,
+    },
+    /// The newest revision is an `uninstalled` one above live ones: Helm's
+    /// uninstall would only purge the storage and leave what the live ones
+    /// installed. Delete it first, so that the uninstall targets the newest
+    /// live revision.
+    ReclaimUninstalled { revision: StorageRevision },
+    /// helm-controller finished with the delete while its history (restored)
+    /// names a release to uninstall: ask it to reconcile again.
+    RequestReconcile,
+    /// Nothing can uninstall the release any more: drop the fence, and say
+    /// what is left behind.
+    LetGo { event: EventSpec },
+}
+
+/// What follows the history write of [`Decision::HandOver`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AfterHandOver {
+    /// Lift our suspension: helm-controller's unsuspended deletion path then
+    /// runs with the history.
+    Lift { keep_fence: bool },
+    /// helm-controller already passed (its `ErrNoLatest` pass): ask it to
+    /// reconcile again.
+    RequestReconcile,
+}
+
+/// What the Helm storage of a release being deleted holds, as far as its
+/// uninstall is concerned.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StorageFacts {
+    Listed {
+        /// The well-formed revisions, oldest first.
+        revisions: Vec<StorageRevision>,
+        /// When helm-controller's history is empty and the newest revision
+        /// is live: its snapshot, or why none could be made from its payload.
+        snapshot: Option<Result<Box<HistorySnapshot>, String>>,
+    },
+    /// The storage cannot be read at all (a remote cluster flux-plunger
+    /// cannot use, access refused).
+    Unreadable { why: String },
+}
+
+/// Which revision a Helm uninstall of the storage would act on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum UninstallTarget<'a> {
+    /// No live revision: Helm would at most purge the storage.
+    Nothing,
+    /// The newest revision, live: the uninstall deletes what it installed.
+    Revision(&'a StorageRevision),
+    /// The newest revision is `uninstalled`, live ones lie below it: it must
+    /// go first (see [`Decision::ReclaimUninstalled`]).
+    ReclaimFirst(&'a StorageRevision),
+}
+
+/// Helm's uninstall acts on the newest revision; an `uninstalled` one it only
+/// purges, keeping whatever the revisions below installed.
+pub fn uninstall_target(revisions: &[StorageRevision]) -> UninstallTarget<'_> {
+    let Some(newest) = revisions.iter().max_by_key(|r| r.revision) else {
+        return UninstallTarget::Nothing;
+    };
+    if is_live(newest) {
+        UninstallTarget::Revision(newest)
+    } else if revisions.iter().any(is_live) {
+        UninstallTarget::ReclaimFirst(newest)
+    } else {
+        UninstallTarget::Nothing
+    }
+}
+
+/// A revision whose objects may still exist: any but `uninstalled` (Helm
+/// deletes the objects before it writes that status).
+fn is_live(revision: &StorageRevision) -> bool {
+    revision.status != "uninstalled"
 }
 
 /// What `decide` needs besides the release.
@@ -75,9 +160,24 @@ pub struct Clock {
 }
 
 /// SPEC §4 steps 2-5 and §5: the decision for one fresh read of a release.
+/// [`Decision::ReadStorage`] when a delete needs what the storage holds.
 pub fn decide(release: &ReleaseView, clock: &Clock) -> Decision {
+    decide_from(release, None, clock)
+}
+
+/// [`decide`], knowing the Helm storage of the release: never
+/// [`Decision::ReadStorage`].
+pub fn decide_with_storage(
+    release: &ReleaseView,
+    storage: &StorageFacts,
+    clock: &Clock,
+) -> Decision {
+    decide_from(release, Some(storage), clock)
+}
+
+fn decide_from(release: &ReleaseView, storage: Option<&StorageFacts>, clock: &Clock) -> Decision {
     if release.terminating {
-        return decide_terminating(release, clock);
+        return decide_terminating(release, storage, clock);
     }
     if release.suspend {
         if release.suspend_owned_by_us() {
@@ -102,15 +202,29 @@ pub fn decide(release: &ReleaseView, clock: &Clock) -> Decision {
     Decision::InspectStorage
 }
 
-fn decide_terminating(release: &ReleaseView, clock: &Clock) -> Decision {
+fn decide_terminating(
+    release: &ReleaseView,
+    storage: Option<&StorageFacts>,
+    clock: &Clock,
+) -> Decision {
     if release.suspend && release.suspend_owned_by_us() {
         // helm-controller must see an unsuspended generation to uninstall;
         // the fence keeps the release until it has.
         // A finalizer cannot be added to an object being deleted, so "keep"
         // means keep the fence only where it already is.
-        return Decision::Lift {
-            keep_fence: release.has_fence(),
+        let keep_fence = release.has_fence();
+        if release.has_history {
+            return Decision::Lift { keep_fence };
+        }
+        // Its history was cleared (the stuck state): hand it the newest live
+        // revision before the lift, or its deletion path uninstalls nothing.
+        // Whatever stands in the way, the suspension is lifted: ours must
+        // never be what skips the uninstall, and §5d then says what is left.
+        let Some(storage) = storage else {
+            return Decision::ReadStorage;
         };
+        return hand_over(release, storage, AfterHandOver::Lift { keep_fence })
+            .unwrap_or(Decision::Lift { keep_fence });
     }
     if release.suspend {
         // Another manager suspended, then deleted: its decision to skip the
@@ -143,9 +257,145 @@ fn decide_terminating(release: &ReleaseView, clock: &Clock) -> Decision {
     if !release.has_fence() {
         return Decision::Nothing { event: None };
     }
-    if release.uninstall_reached() {
+    if !release.delete_handled_by_helm_controller() || release.reconcile_request_pending() {
+        return hold(release, clock);
+    }
+    if release.reported_uninstall_succeeded() {
         return Decision::DropFence { event: None };
     }
+    // helm-controller finished without reporting an uninstall: its pass
+    // over a cleared history (`ErrNoLatest`) looks just like this. Whether
+    // anything is left to uninstall, only the storage says.
+    let Some(storage) = storage else {
+        return Decision::ReadStorage;
+    };
+    let revisions = match storage {
+        StorageFacts::Unreadable { why } => {
+            return let_go(
+                release,
+                &format!("its Helm storage cannot be read ({why})"),
+                "whatever it installed",
+            );
+        }
+        StorageFacts::Listed { revisions, .. } => revisions,
+    };
+    let live: Vec<&StorageRevision> = revisions.iter().filter(|r| is_live(r)).collect();
+    if live.is_empty() {
+        return Decision::DropFence { event: None };
+    }
+    if release.our_reconcile_request_handled() {
+        // helm-controller handled the history flux-plunger handed it. Kept,
+        // it is retrying a failed uninstall; cleared, it let the release go
+        // without one, and nothing else will uninstall it.
+        return if release.has_history {
+            hold(release, clock)
+        } else {
+            let_go(
+                release,
+                "helm-controller cleared the history flux-plunger handed it without uninstalling",
+                &describe_revisions(&live),
+            )
+        };
+    }
+    if release.has_history {
+        return Decision::RequestReconcile;
+    }
+    hand_over(release, storage, AfterHandOver::RequestReconcile).unwrap_or_else(|why| {
+        let_go(
+            release,
+            &format!("no history can be handed to helm-controller ({why})"),
+            &describe_revisions(&live),
+        )
+    })
+}
+
+/// The history hand-over for a release being deleted, or why there is none.
+fn hand_over(
+    release: &ReleaseView,
+    storage: &StorageFacts,
+    then: AfterHandOver,
+) -> Result<Decision, String> {
+    let (revisions, snapshot) = match storage {
+        StorageFacts::Listed {
+            revisions,
+            snapshot,
+        } => (revisions, snapshot),
+        StorageFacts::Unreadable { why } => {
+            return Err(format!("its Helm storage cannot be read: {why}"));
+        }
+    };
+    let target = match uninstall_target(revisions) {
+        UninstallTarget::Nothing => return Err("no live revision is stored".to_owned()),
+        UninstallTarget::ReclaimFirst(newest) => {
+            return Ok(Decision::ReclaimUninstalled {
+                revision: newest.clone(),
+            });
+        }
+        UninstallTarget::Revision(target) => target,
+    };
+    let snapshot = match snapshot {
+        Some(Ok(snapshot)) => snapshot.clone(),
+        Some(Err(why)) => {
+            return Err(format!(
+                "revision {} ({}/{}) cannot be read: {why}",
+                target.revision, target.namespace, target.name
+            ));
+        }
+        None => return Err(format!("revision {} was not read", target.revision)),
+    };
+    let event = EventSpec::normal(
+        reasons::UNINSTALL_HANDED_OVER,
+        "HandOverUninstall",
+        format!(
+            "{} is being deleted while helm-controller's status no longer names its Helm release: flux-plunger wrote revision {} ({}, status {:?}, from storage Secret {}/{}) to status.history so that helm-controller's uninstall removes what it installed",
+            release.key(),
+            snapshot.version,
+            snapshot.full_name(),
+            snapshot.status,
+            target.namespace,
+            target.name,
+        ),
+    );
+    Ok(Decision::HandOver {
+        snapshot,
+        storage_namespace: release
+            .status_storage_namespace
+            .is_none()
+            .then(|| target.namespace.clone()),
+        then,
+        event,
+    })
+}
+
+/// Drops the fence though the release was not uninstalled, saying why and
+/// what is left.
+fn let_go(release: &ReleaseView, why: &str, left: &str) -> Decision {
+    Decision::LetGo {
+        event: EventSpec::warning(
+            reasons::RELEASED_WITHOUT_UNINSTALL,
+            "ReleaseFence",
+            format!(
+                "flux-plunger lets the delete of {} go without a Helm uninstall: {why}. Left behind: {left}",
+                release.key()
+            ),
+        ),
+    }
+}
+
+fn describe_revisions(revisions: &[&StorageRevision]) -> String {
+    let names: Vec<String> = revisions
+        .iter()
+        .map(|r| format!("{}/{} (status {})", r.namespace, r.name, r.status))
+        .collect();
+    format!(
+        "Helm storage {} and the objects they installed",
+        names.join(", ")
+    )
+}
+
+/// Keeps the fence and looks again later, warning once the delete has been
+/// held long (SPEC §5e).
+fn hold(release: &ReleaseView, clock: &Clock) -> Decision {
     let held_long = clock
         .terminating_for
         .is_some_and(|held| held >= clock.fence_held_warning_after);

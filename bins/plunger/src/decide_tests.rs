@@ -6,8 +6,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{FieldsV1, ManagedFieldsEntr
 use serde_json::json;
 
 use super::*;
+use crate::history::HistorySnapshot;
 use crate::names::{FENCE_FINALIZER, HELM_CONTROLLER_FINALIZER, PROCESSED_VERSION_ANNOTATION};
-use crate::release::ReadyCondition;
+use crate::release::{ReadyCondition, ReleasedCondition};
 
 const MINUTE: Duration = Duration::from_secs(60);
 
@@ -34,15 +35,22 @@ fn release() -> ReleaseView {
         generation: Some(3),
         observed_generation: Some(3),
         finalizers: vec![HELM_CONTROLLER_FINALIZER.into()],
+        status_storage_namespace: Some("apps".into()),
+        status_latest_history_name: Some("web".into()),
+        has_history: true,
         ..Default::default()
     }
 }
 
+/// As helm-controller leaves a release it no longer recognises: its history
+/// cleared, its storage namespace kept.
 fn stuck(mut r: ReleaseView) -> ReleaseView {
     r.ready = Some(ReadyCondition {
         status: "False".into(),
         message: "Helm upgrade failed: \"web\" has no deployed releases".into(),
     });
+    r.has_history = false;
+    r.status_latest_history_name = None;
     r
 }
 
@@ -264,12 +272,28 @@ fn a_deleted_release_without_our_fence_needs_nothing() {
     assert_eq!(decide(&r, &clock()), Decision::Nothing { event: None });
 }
 
-#[test]
-fn the_fence_goes_once_helm_controller_has_uninstalled_the_observed_generation() {
-    let mut r = terminating(fenced(release()));
+/// helm-controller's pass over the delete: its finalizer gone, the
+/// generation observed, the history and storage namespace cleared; with
+/// `uninstalled`, the `Released` condition it writes for an uninstall.
+fn handled_by_helm_controller(mut r: ReleaseView, uninstalled: bool) -> ReleaseView {
     r.finalizers.retain(|f| f != HELM_CONTROLLER_FINALIZER);
     r.generation = Some(5);
     r.observed_generation = Some(5);
+    r.has_history = false;
+    r.status_latest_history_name = None;
+    r.status_storage_namespace = None;
+    if uninstalled {
+        r.released = Some(ReleasedCondition {
+            reason: "UninstallSucceeded".into(),
+            observed_generation: Some(5),
+        });
+    }
+    r
+}
+
+#[test]
+fn the_fence_goes_once_helm_controller_has_uninstalled_the_observed_generation() {
+    let r = handled_by_helm_controller(terminating(fenced(release())), true);
     assert_eq!(decide(&r, &clock()), Decision::DropFence { event: None });
 }
 
@@ -341,6 +365,275 @@ fn a_held_delete_warns_at_most_once_per_recheck_interval() {
 fn a_terminating_stuck_release_never_starts_a_recovery() {
     let r = terminating(stuck(release()));
     assert_ne!(decide(&r, &clock()), Decision::InspectStorage);
+}
+
+// --- the uninstall of a release deleted with an empty history (SPEC §5a, §5d) ---
+
+fn snapshot_of(r: &StorageRevision) -> HistorySnapshot {
+    HistorySnapshot::example("web", r.revision, &r.status)
+}
+
+/// The storage as `reconcile` reads it: the snapshot of the uninstall's
+/// target is read only when it is a live newest revision.
+fn listed(revisions: &[StorageRevision]) -> StorageFacts {
+    let snapshot = match uninstall_target(revisions) {
+        UninstallTarget::Revision(target) => Some(Ok(Box::new(snapshot_of(target)))),
+        _ => None,
+    };
+    StorageFacts::Listed {
+        revisions: revisions.to_vec(),
+        snapshot,
+    }
+}
+
+fn stuck_storage() -> StorageFacts {
+    listed(&[revision(1, "superseded"), revision(2, "uninstalling")])
+}
+
+fn hand_over_of(decision: &Decision) -> (&HistorySnapshot, Option<&str>, AfterHandOver) {
+    match decision {
+        Decision::HandOver {
+            snapshot,
+            storage_namespace,
+            then,
+            ..
+        } => (snapshot, storage_namespace.as_deref(), *then),
+        other => panic!("not a hand-over: {other:?}"),
+    }
+}
+
+#[test]
+fn our_suspension_on_a_deleted_release_with_an_empty_history_waits_for_its_storage() {
+    let r = terminating(fenced(ours(stuck(release()))));
+    assert_eq!(decide(&r, &clock()), Decision::ReadStorage);
+}
+
+#[test]
+fn the_newest_revision_is_handed_to_helm_controller_before_our_suspension_is_lifted() {
+    let r = terminating(fenced(ours(stuck(release()))));
+    let decision = decide_with_storage(&r, &stuck_storage(), &clock());
+    let (snapshot, storage_namespace, then) = hand_over_of(&decision);
+    assert_eq!(snapshot, &snapshot_of(&revision(2, "uninstalling")));
+    assert_eq!(storage_namespace, None, "the status still names it");
+    assert_eq!(then, AfterHandOver::Lift { keep_fence: true });
+    let event = match &decision {
+        Decision::HandOver { event, .. } => event,
+        _ => unreachable!(),
+    };
+    assert_eq!(
+        (event.reason, event.warning),
+        ("UninstallHandedOver", false)
+    );
+    assert!(
+        event.note.contains("revision 2 (apps/web.v2")
+            && event.note.contains("sh.helm.release.v1.web.v2"),
+        "{}",
+        event.note
+    );
+}
+
+#[test]
+fn a_storage_namespace_the_status_lost_is_handed_over_with_the_history() {
+    let mut r = terminating(fenced(ours(stuck(release()))));
+    r.status_storage_namespace = None;
+    let decision = decide_with_storage(&r, &stuck_storage(), &clock());
+    assert_eq!(hand_over_of(&decision).1, Some("apps"));
+}
+
+#[test]
+fn an_uninstalled_newest_revision_above_live_ones_is_reclaimed_before_the_hand_over() {
+    let r = terminating(fenced(ours(stuck(release()))));
+    let storage = listed(&[revision(1, "superseded"), revision(2, "uninstalled")]);
+    assert_eq!(
+        decide_with_storage(&r, &storage, &clock()),
+        Decision::ReclaimUninstalled {
+            revision: revision(2, "uninstalled")
+        }
+    );
+}
+
+#[test]
+fn with_nothing_to_hand_over_our_suspension_is_still_lifted() {
+    let r = terminating(fenced(ours(stuck(release()))));
+    let unreadable_payload = StorageFacts::Listed {
+        revisions: vec![revision(2, "uninstalling")],
+        snapshot: Some(Err("not gzip".into())),
+    };
+    for storage in [
+        listed(&[]),
+        listed(&[revision(1, "uninstalled")]),
+        StorageFacts::Unreadable {
+            why: "forbidden".into(),
+        },
+        unreadable_payload,
+    ] {
+        assert_eq!(
+            decide_with_storage(&r, &storage, &clock()),
+            Decision::Lift { keep_fence: true },
+            "{storage:?}"
+        );
+    }
+}
+
+#[test]
+fn a_release_whose_history_helm_controller_kept_is_lifted_without_reading_storage() {
+    let r = terminating(fenced(ours(release())));
+    assert_eq!(decide(&r, &clock()), Decision::Lift { keep_fence: true });
+}
+
+#[test]
+fn an_uninstall_reported_for_an_older_generation_does_not_count() {
+    let mut r = handled_by_helm_controller(terminating(fenced(release())), true);
+    r.released = Some(ReleasedCondition {
+        reason: "UninstallSucceeded".into(),
+        observed_generation: Some(4),
+    });
+    assert_eq!(decide(&r, &clock()), Decision::ReadStorage);
+}
+
+#[test]
+fn after_helm_controller_s_pass_over_an_empty_history_the_history_is_handed_over_with_a_reconcile_request()
+ {
+    let r = handled_by_helm_controller(terminating(fenced(release())), false);
+    assert_eq!(decide(&r, &clock()), Decision::ReadStorage);
+    let decision = decide_with_storage(&r, &stuck_storage(), &clock());
+    let (snapshot, storage_namespace, then) = hand_over_of(&decision);
+    assert_eq!(snapshot.version, 2);
+    assert_eq!(
+        storage_namespace,
+        Some("apps"),
+        "helm-controller skips the uninstall of a release without one"
+    );
+    assert_eq!(then, AfterHandOver::RequestReconcile);
+}
+
+#[test]
+fn a_history_handed_over_but_not_yet_requested_is_followed_by_the_request() {
+    let mut r = handled_by_helm_controller(terminating(fenced(release())), false);
+    r.has_history = true;
+    assert_eq!(
+        decide_with_storage(&r, &stuck_storage(), &clock()),
+        Decision::RequestReconcile
+    );
+}
+
+fn requested(mut r: ReleaseView, value: &str, handled: Option<&str>) -> ReleaseView {
+    r.annotations
+        .insert("reconcile.fluxcd.io/requestedAt".into(), value.into());
+    r.last_handled_reconcile_at = handled.map(str::to_owned);
+    r
+}
+
+#[test]
+fn a_pending_reconcile_request_holds_the_fence() {
+    let r = requested(
+        handled_by_helm_controller(terminating(fenced(release())), false),
+        "flux-plunger-uninstall-2",
+        Some("flux-plunger-uninstall-1"),
+    );
+    assert!(matches!(decide(&r, &clock()), Decision::HoldFence { .. }));
+}
+
+#[test]
+fn a_history_helm_controller_cleared_again_is_let_go_with_a_warning_naming_what_is_left() {
+    let r = requested(
+        handled_by_helm_controller(terminating(fenced(release())), false),
+        "flux-plunger-uninstall-1",
+        Some("flux-plunger-uninstall-1"),
+    );
+    let decision = decide_with_storage(&r, &stuck_storage(), &clock());
+    let Decision::LetGo { event } = decision else {
+        panic!("{decision:?}")
+    };
+    assert_eq!(
+        (event.reason, event.warning),
+        ("ReleasedWithoutUninstall", true)
+    );
+    assert!(
+        event
+            .note
+            .contains("apps/sh.helm.release.v1.web.v1 (status superseded), apps/sh.helm.release.v1.web.v2 (status uninstalling)"),
+        "{}",
+        event.note
+    );
+}
+
+#[test]
+fn a_history_kept_after_our_request_means_helm_controller_retries_its_uninstall() {
+    let mut r = requested(
+        handled_by_helm_controller(terminating(fenced(release())), false),
+        "flux-plunger-uninstall-1",
+        Some("flux-plunger-uninstall-1"),
+    );
+    r.has_history = true;
+    assert!(matches!(
+        decide_with_storage(&r, &stuck_storage(), &clock()),
+        Decision::HoldFence { .. }
+    ));
+}
+
+#[test]
+fn someone_else_s_handled_request_is_not_taken_for_ours() {
+    let r = requested(
+        handled_by_helm_controller(terminating(fenced(release())), false),
+        "2026-01-01T00:00:00Z",
+        Some("2026-01-01T00:00:00Z"),
+    );
+    let decision = decide_with_storage(&r, &stuck_storage(), &clock());
+    assert_eq!(hand_over_of(&decision).2, AfterHandOver::RequestReconcile);
+}
+
+#[test]
+fn with_no_live_revision_left_the_fence_goes() {
+    let r = handled_by_helm_controller(terminating(fenced(release())), false);
+    for storage in [listed(&[]), listed(&[revision(3, "uninstalled")])] {
+        assert_eq!(
+            decide_with_storage(&r, &storage, &clock()),
+            Decision::DropFence { event: None },
+            "{storage:?}"
+        );
+    }
+}
+
+#[test]
+fn a_release_nothing_can_uninstall_is_let_go_with_the_reason() {
+    let r = handled_by_helm_controller(terminating(fenced(release())), false);
+    let cases = [
+        (
+            StorageFacts::Unreadable {
+                why: "the remote cluster is unreachable".into(),
+            },
+            "its Helm storage cannot be read (the remote cluster is unreachable)",
+        ),
+        (
+            StorageFacts::Listed {
+                revisions: vec![revision(2, "uninstalling")],
+                snapshot: Some(Err("not gzip".into())),
+            },
+            "revision 2 (apps/sh.helm.release.v1.web.v2) cannot be read: not gzip",
+        ),
+    ];
+    for (storage, why) in cases {
+        let decision = decide_with_storage(&r, &storage, &clock());
+        let Decision::LetGo { event } = &decision else {
+            panic!("{decision:?}")
+        };
+        assert!(event.warning && event.note.contains(why), "{}", event.note);
+    }
+}
+
+#[test]
+fn the_uninstall_targets_the_newest_revision_unless_it_is_uninstalled() {
+    assert_eq!(uninstall_target(&[]), UninstallTarget::Nothing);
+    let live = [revision(2, "failed"), revision(1, "superseded")];
+    assert_eq!(uninstall_target(&live), UninstallTarget::Revision(&live[0]));
+    let bogus = [revision(1, "superseded"), revision(2, "uninstalled")];
+    assert_eq!(
+        uninstall_target(&bogus),
+        UninstallTarget::ReclaimFirst(&bogus[1])
+    );
+    let gone = [revision(1, "uninstalled"), revision(2, "uninstalled")];
+    assert_eq!(uninstall_target(&gone), UninstallTarget::Nothing);
 }
 
 // --- storage (SPEC §4.6-4.7) ---

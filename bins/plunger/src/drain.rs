@@ -192,6 +192,13 @@ fn account(
             left.remove(key);
             tracing::info!(release = %key, "fence released");
         }
+        Ok(Outcome::ReleasedWithoutUninstall) => {
+            // The fence is gone all the same: nothing of ours is left on the
+            // release, but what Helm installed stayed behind, which an
+            // operator has to hear about.
+            left.remove(key);
+            tracing::warn!(release = %key, "fence released without an uninstall");
+        }
         Ok(Outcome::Lifted { kept_fence: false }) => {
             left.remove(key);
             tracing::info!(release = %key, "suspension and fence released");
@@ -276,7 +283,7 @@ mod tests {
 
     #[test]
     fn an_outcome_takes_a_release_off_the_list_only_when_its_fence_is_gone() {
-        let mut left: BTreeMap<String, Left> = ["a", "b", "c", "d"]
+        let mut left: BTreeMap<String, Left> = ["a", "b", "c", "d", "e"]
             .iter()
             .map(|k| {
                 let release = Left {
@@ -297,9 +304,14 @@ mod tests {
                 recheck: Duration::from_secs(60),
             }),
         );
+        account(&mut left, "e", &Ok(Outcome::ReleasedWithoutUninstall));
         assert_eq!(left.keys().collect::<Vec<_>>(), ["c", "d"]);
         assert!(!left["c"].suspended, "the suspension was lifted");
         assert!(left["d"].suspended);
+        assert!(
+            !left["f"].suspended,
+            "a hand-over leaves no suspension of ours"
+        );
     }
 
     #[tokio::test]

@@ -26,6 +26,16 @@ pub enum Error {
     Lift { key: String, source: kube::Error },
     #[error("labelling flux-plunger's uninstall fence on {key}: {source}")]
     LabelFence { key: String, source: kube::Error },
+    #[error("reading Helm storage Secret {namespace}/{name}: {source}")]
+    ReadStorage {
+        namespace: String,
+        name: String,
+        source: kube::Error,
+    },
+    #[error("handing the history of {key} to helm-controller's uninstall: {source}")]
+    HandOver { key: String, source: kube::Error },
+    #[error("asking helm-controller to reconcile {key}: {source}")]
+    RequestReconcile { key: String, source: kube::Error },
 }
 
 impl Error {
@@ -39,6 +49,9 @@ impl Error {
             Error::DeleteStorage { .. } => "delete_storage",
             Error::Lift { .. } => "lift",
             Error::LabelFence { .. } => "label_fence",
+            Error::ReadStorage { .. } => "read_storage",
+            Error::HandOver { .. } => "hand_over",
+            Error::RequestReconcile { .. } => "request_reconcile",
         }
     }
 
@@ -51,7 +64,10 @@ impl Error {
             | Error::Annotate { source, .. }
             | Error::DeleteStorage { source, .. }
             | Error::Lift { source, .. }
-            | Error::LabelFence { source, .. } => source,
+            | Error::LabelFence { source, .. }
+            | Error::ReadStorage { source, .. }
+            | Error::HandOver { source, .. }
+            | Error::RequestReconcile { source, .. } => source,
         };
         match source {
             kube::Error::Api(status) => Some(status.code),

@@ -10,6 +10,7 @@ pub mod decide;
 pub mod drain;
 pub mod error;
 pub mod events;
+pub mod history;
 pub mod lease;
 pub mod names;
 pub mod notify;

@@ -36,8 +36,13 @@ pub const PROCESSED_BELOW_UID_ANNOTATION: &str =
     "flux-plunger.cozystack.io/last-processed-below-uid";
 
 /// Asks helm-controller to reconcile a release now: Flux controllers
-/// reconcile again whenever this annotation's value changes.
+/// reconcile again whenever this annotation's value changes (`flux reconcile`
+/// writes it); helm-controller copies the value it handled to
+/// `status.lastHandledReconcileAt`.
 pub const RECONCILE_REQUESTED_AT_ANNOTATION: &str = "reconcile.fluxcd.io/requestedAt";
+/// How a request of flux-plunger's value begins (the time follows), so that
+/// flux-plunger knows its own request once helm-controller has handled it.
+pub const RECONCILE_REQUEST_PREFIX: &str = "flux-plunger-uninstall-";
 
 /// Every annotation flux-plunger may write on a HelmRelease. The chart's
 /// admission guard lets flux-plunger's ServiceAccounts change these and no
@@ -82,6 +87,11 @@ pub const HELM_STORAGE_STATUS_LABEL: &str = "status";
 pub const READY_CONDITION: &str = "Ready";
 pub const STUCK_MESSAGE: &str = "has no deployed releases";
 
+/// helm-controller's condition that says how its last Helm action ended,
+/// and the reason it gives a Helm uninstall that ran.
+pub const RELEASED_CONDITION: &str = "Released";
+pub const UNINSTALL_SUCCEEDED_REASON: &str = "UninstallSucceeded";
+
 /// Event reasons (SPEC §1).
 pub mod reasons {
     pub const SUSPENSION_NOT_OWNED: &str = "SuspensionNotOwned";
@@ -92,6 +102,11 @@ pub mod reasons {
     pub const RECOVERED: &str = "Recovered";
     pub const RECOVERY_DRY_RUN: &str = "RecoveryDryRun";
     pub const REMOTE_CLUSTER_UNUSABLE: &str = "RemoteClusterUnusable";
+    /// A revision was written to helm-controller's history so that its
+    /// uninstall runs (Normal).
+    pub const UNINSTALL_HANDED_OVER: &str = "UninstallHandedOver";
+    /// The fence was let go though nothing could uninstall the release (Warning).
+    pub const RELEASED_WITHOUT_UNINSTALL: &str = "ReleasedWithoutUninstall";
 }
 
 /// The name Helm gives the storage Secret of `release` at `revision`.

@@ -12,8 +12,8 @@ use kube::api::DynamicObject;
 
 use crate::apply::{self, Claim};
 use crate::decide::{
-    self, Clock, Decision, EventSpec, RecoveryPlan, SkipReason, may_delete_storage,
-    may_take_suspension, plan_recovery,
+    self, AfterHandOver, Clock, Decision, EventSpec, RecoveryPlan, SkipReason, StorageFacts,
+    UninstallTarget, may_delete_storage, may_take_suspension, plan_recovery,
 };
 use crate::error::{Error, is_api_code};
 use crate::events::Events;
@@ -49,6 +49,17 @@ pub enum Outcome {
     DryRun { would: String },
     /// `--max-recoveries-per-minute` is used up: try again after this.
     RateLimited { retry_after: Duration },
+    /// A release being deleted was handed to helm-controller's uninstall:
+    /// this revision written to its history (then our suspension lifted, or
+    /// a reconcile requested).
+    HandedOver { revision: u64 },
+    /// An `uninstalled` newest revision above live ones was deleted, so that
+    /// the uninstall targets the live one: decide again at once.
+    ReclaimedUninstalled { revision: u64 },
+    /// helm-controller was asked to reconcile the release being deleted.
+    ReconcileRequested,
+    /// The fence was let go though nothing could uninstall the release.
+    ReleasedWithoutUninstall,
 }
 
 /// The operator's controls of what a reconcile may do.
@@ -76,8 +87,9 @@ pub enum Step {
     Acquired,
     /// The annotation is written; the termination re-check comes next.
     Annotated,
-    /// The re-check found the release live; the storage Secret's delete
-    /// comes next.
+    /// A storage Secret's delete comes next: in a recovery, once the
+    /// re-check found the release live; on a release being deleted, an
+    /// `uninstalled` newest revision above live ones.
     BeforeDeleteStorage,
     /// The storage Secret is deleted (or was already gone).
     AfterDeleteStorage,
@@ -89,11 +101,19 @@ pub enum Step {
     BeforeDropFence,
     /// The drop of our fence was accepted.
     AfterDropFence,
+    /// The history of a release being deleted is about to be written.
+    BeforeHistoryWrite,
+    /// The history was written; the lift or the reconcile request comes next.
+    AfterHistoryWrite,
+    /// The reconcile request is about to be written.
+    BeforeReconcileRequest,
+    /// The reconcile request was written.
+    AfterReconcileRequest,
 }
 
 impl Step {
     /// Every step, in the order a recovery (then a delete) meets them.
-    pub const ALL: [Step; 10] = [
+    pub const ALL: [Step; 14] = [
         Step::BeforeAcquire,
         Step::BeforeForcedAcquire,
         Step::Acquired,
@@ -104,6 +124,10 @@ impl Step {
         Step::AfterLift,
         Step::BeforeDropFence,
         Step::AfterDropFence,
+        Step::BeforeHistoryWrite,
+        Step::AfterHistoryWrite,
+        Step::BeforeReconcileRequest,
+        Step::AfterReconcileRequest,
     ];
 
     /// The name `FLUX_PLUNGER_TEST_PAUSE_AT` knows it by.
@@ -119,6 +143,10 @@ impl Step {
             Step::AfterLift => "after-lift",
             Step::BeforeDropFence => "before-drop-fence",
             Step::AfterDropFence => "after-drop-fence",
+            Step::BeforeHistoryWrite => "before-history-write",
+            Step::AfterHistoryWrite => "after-history-write",
+            Step::BeforeReconcileRequest => "before-reconcile-request",
+            Step::AfterReconcileRequest => "after-reconcile-request",
         }
     }
 }
@@ -193,7 +221,7 @@ impl Reconciler {
         let Some(release) = self.read(namespace, name).await? else {
             return Ok(Outcome::Gone);
         };
-        match decide::decide(&release, &self.clock(&release)) {
+        match self.decide_now(&release).await? {
             Decision::InspectStorage => self.recover(release).await,
             decision => self.carry_out(&release, decision).await,
         }
@@ -206,8 +234,80 @@ impl Reconciler {
         let Some(release) = self.read(namespace, name).await? else {
             return Ok(Outcome::Gone);
         };
-        let decision = decide::decide(&release, &self.clock(&release));
+        let decision = self.decide_now(&release).await?;
         self.carry_out(&release, decision).await
+    }
+
+    /// `decide`, reading the Helm storage when the decision depends on it.
+    async fn decide_now(&self, release: &ReleaseView) -> Result<Decision, Error> {
+        let clock = self.clock(release);
+        match decide::decide(release, &clock) {
+            Decision::ReadStorage => {
+                let facts = self.storage_facts(release).await?;
+                Ok(decide::decide_with_storage(release, &facts, &clock))
+            }
+            decision => Ok(decision),
+        }
+    }
+
+    /// What a release being deleted has in its Helm storage: the revisions,
+    /// and, when helm-controller's history is empty, the snapshot of the
+    /// revision its uninstall should target. A storage that cannot be read
+    /// for good (a remote cluster that cannot be used, access refused) is
+    /// reported as such; a failure that may pass is an error, retried.
+    async fn storage_facts(&self, release: &ReleaseView) -> Result<StorageFacts, Error> {
+        let client = match self.storage_client(release).await {
+            Ok(client) => client,
+            Err(why) => return Ok(StorageFacts::Unreadable { why }),
+        };
+        let location = StorageLocation::of(release);
+        let secrets = match storage::list_storage(&client, &location).await {
+            Ok(secrets) => secrets,
+            Err(err) if is_api_code(&err, 401) || is_api_code(&err, 403) => {
+                return Ok(StorageFacts::Unreadable {
+                    why: format!("listing namespace {}: {err}", location.namespace),
+                });
+            }
+            Err(source) => {
+                return Err(Error::ListStorage {
+                    key: release.key(),
+                    namespace: location.namespace.clone(),
+                    source,
+                });
+            }
+        };
+        let (revisions, ignored) = storage::parse_revisions(&secrets, &location);
+        for secret in &ignored {
+            tracing::warn!(release = %release.key(), secret = %secret.name, why = %secret.why, "ignoring a Secret that is not a well-formed Helm storage revision");
+        }
+        let snapshot = match decide::uninstall_target(&revisions) {
+            UninstallTarget::Revision(target) if !release.has_history => Some(
+                storage::read_snapshot(&client, target, &location.release_name)
+                    .await
+                    .map_err(|source| Error::ReadStorage {
+                        namespace: target.namespace.clone(),
+                        name: target.name.clone(),
+                        source,
+                    })?
+                    .map(Box::new),
+            ),
+            _ => None,
+        };
+        Ok(StorageFacts::Listed {
+            revisions,
+            snapshot,
+        })
+    }
+
+    /// A client of the cluster the release is installed in (and its storage
+    /// is): this one, or the remote one of `spec.kubeConfig`; why not, when
+    /// that cannot be used.
+    async fn storage_client(&self, release: &ReleaseView) -> Result<Client, String> {
+        if release.has_kube_config {
+            crate::remote::storage_client(&self.client, release).await
+        } else {
+            Ok(self.client.clone())
+        }
     }
 
     async fn read(&self, namespace: &str, name: &str) -> Result<Option<ReleaseView>, Error> {
@@ -278,14 +378,7 @@ impl Reconciler {
                 if let Some(event) = event {
                     self.events.record(release, &event).await;
                 }
-                self.pause_at_step(Step::BeforeDropFence).await;
-                self.write(release, Claim::NOTHING)
-                    .await
-                    .map_err(|source| Error::Lift {
-                        key: release.key(),
-                        source,
-                    })?;
-                self.pause_at_step(Step::AfterDropFence).await;
+                self.drop_fence(release).await?;
                 tracing::info!(release = %release.key(), "dropped the uninstall fence");
                 Ok(Outcome::FenceDropped)
             }
@@ -313,7 +406,125 @@ impl Reconciler {
                 tracing::debug!(release = %release.key(), "holding the uninstall fence until helm-controller has uninstalled");
                 Ok(Outcome::FenceHeld { recheck })
             }
+            Decision::HandOver {
+                snapshot,
+                storage_namespace,
+                then,
+                event,
+            } => {
+                self.pause_at_step(Step::BeforeHistoryWrite).await;
+                let object = apply::write_history(
+                    &self.client,
+                    release,
+                    &snapshot,
+                    storage_namespace.as_deref(),
+                )
+                .await
+                .map_err(|source| Error::HandOver {
+                    key: release.key(),
+                    source,
+                })?;
+                let handed = self.written(&object);
+                self.pause_at_step(Step::AfterHistoryWrite).await;
+                tracing::info!(release = %release.key(), revision = snapshot.version, helm_release = %snapshot.full_name(), "handed the newest live revision to helm-controller's uninstall");
+                self.events.record(release, &event).await;
+                match then {
+                    AfterHandOver::Lift { keep_fence } => self.lift(&handed, keep_fence).await?,
+                    AfterHandOver::RequestReconcile => self.request_reconcile(&handed).await?,
+                }
+                Ok(Outcome::HandedOver {
+                    revision: snapshot.version,
+                })
+            }
+            Decision::ReclaimUninstalled { revision } => {
+                // The storage was just listed through this client; if it
+                // cannot be made now, look again later.
+                let client = match self.storage_client(release).await {
+                    Ok(client) => client,
+                    Err(why) => {
+                        tracing::warn!(release = %release.key(), %why, "cannot reach the Helm storage again; retrying later");
+                        return Ok(Outcome::FenceHeld {
+                            recheck: self.timings.fence_recheck_interval,
+                        });
+                    }
+                };
+                self.delete_storage_revision(&client, &revision).await?;
+                tracing::info!(release = %release.key(), secret = %revision.name, "deleted an uninstalled newest revision, so that the uninstall targets the live one below it");
+                Ok(Outcome::ReclaimedUninstalled {
+                    revision: revision.revision,
+                })
+            }
+            Decision::RequestReconcile => {
+                self.request_reconcile(release).await?;
+                Ok(Outcome::ReconcileRequested)
+            }
+            Decision::LetGo { event } => {
+                self.events.record(release, &event).await;
+                self.drop_fence(release).await?;
+                tracing::warn!(release = %release.key(), note = %event.note, "dropped the uninstall fence without an uninstall");
+                Ok(Outcome::ReleasedWithoutUninstall)
+            }
+            // `decide_now` has read the storage already.
+            Decision::ReadStorage => Ok(Outcome::NothingToDo),
         }
+    }
+
+    /// Gives up the fence: an apply that claims nothing (another manager's
+    /// suspension stays as it is).
+    async fn drop_fence(&self, release: &ReleaseView) -> Result<(), Error> {
+        self.pause_at_step(Step::BeforeDropFence).await;
+        self.write(release, Claim::NOTHING)
+            .await
+            .map_err(|source| Error::Lift {
+                key: release.key(),
+                source,
+            })?;
+        self.pause_at_step(Step::AfterDropFence).await;
+        Ok(())
+    }
+
+    /// Deletes exactly the revision listed (its uid and resourceVersion).
+    async fn delete_storage_revision(
+        &self,
+        client: &Client,
+        revision: &StorageRevision,
+    ) -> Result<(), Error> {
+        self.pause_at_step(Step::BeforeDeleteStorage).await;
+        match storage::delete_revision(client, revision).await {
+            Ok(()) => {}
+            // Already gone: whoever deleted it did what we meant to.
+            Err(err) if is_api_code(&err, 404) => {}
+            Err(source) => {
+                return Err(Error::DeleteStorage {
+                    namespace: revision.namespace.clone(),
+                    name: revision.name.clone(),
+                    source,
+                });
+            }
+        }
+        self.pause_at_step(Step::AfterDeleteStorage).await;
+        Ok(())
+    }
+
+    /// Asks helm-controller to reconcile the release again, with a value it
+    /// has not handled and flux-plunger knows as its own.
+    async fn request_reconcile(&self, release: &ReleaseView) -> Result<(), Error> {
+        let requested_at = format!(
+            "{}{}",
+            crate::names::RECONCILE_REQUEST_PREFIX,
+            k8s_openapi::jiff::Timestamp::now()
+        );
+        self.pause_at_step(Step::BeforeReconcileRequest).await;
+        let object = apply::request_reconcile(&self.client, release, &requested_at)
+            .await
+            .map_err(|source| Error::RequestReconcile {
+                key: release.key(),
+                source,
+            })?;
+        self.written(&object);
+        self.pause_at_step(Step::AfterReconcileRequest).await;
+        tracing::info!(release = %release.key(), %requested_at, "asked helm-controller to reconcile the release being deleted");
+        Ok(())
     }
 
     /// Gives up our suspension, and the fence unless `keep_fence`.
@@ -387,25 +598,21 @@ impl Reconciler {
     /// SPEC §4 steps 6-13.
     async fn recover(&self, release: ReleaseView) -> Result<Outcome, Error> {
         // The storage is in the cluster the release is installed in.
-        let storage_client = if release.has_kube_config {
-            match crate::remote::storage_client(&self.client, &release).await {
-                Ok(client) => client,
-                Err(why) => {
-                    let event = EventSpec {
-                        warning: true,
-                        reason: reasons::REMOTE_CLUSTER_UNUSABLE,
-                        action: "Recover",
-                        note: format!(
-                            "{} is stuck in a remote cluster flux-plunger cannot use: {why}",
-                            release.key()
-                        ),
-                    };
-                    self.events.record(&release, &event).await;
-                    return Ok(Outcome::Skipped(SkipReason::RemoteClusterUnusable { why }));
-                }
+        let storage_client = match self.storage_client(&release).await {
+            Ok(client) => client,
+            Err(why) => {
+                let event = EventSpec {
+                    warning: true,
+                    reason: reasons::REMOTE_CLUSTER_UNUSABLE,
+                    action: "Recover",
+                    note: format!(
+                        "{} is stuck in a remote cluster flux-plunger cannot use: {why}",
+                        release.key()
+                    ),
+                };
+                self.events.record(&release, &event).await;
+                return Ok(Outcome::Skipped(SkipReason::RemoteClusterUnusable { why }));
             }
-        } else {
-            self.client.clone()
         };
         let location = StorageLocation::of(&release);
         let secrets = storage::list_storage(&storage_client, &location)
@@ -562,7 +769,7 @@ impl Reconciler {
         if !may_delete_storage(recheck.as_ref()) {
             tracing::info!(release = %held.key(), "deleted during recovery: keeping the storage revision, lifting the suspension");
             if let Some(release) = recheck {
-                let decision = decide::decide(&release, &self.clock(&release));
+                let decision = self.decide_now(&release).await?;
                 self.carry_out(&release, decision).await?;
             }
             return Ok(Outcome::AbortedForDelete {
@@ -571,20 +778,7 @@ impl Reconciler {
         }
         let release = recheck.expect("may_delete_storage implies a release");
 
-        self.pause_at_step(Step::BeforeDeleteStorage).await;
-        match storage::delete_revision(storage_client, target).await {
-            Ok(()) => {}
-            // Already gone: whoever deleted it did what we meant to.
-            Err(err) if is_api_code(&err, 404) => {}
-            Err(source) => {
-                return Err(Error::DeleteStorage {
-                    namespace: target.namespace.clone(),
-                    name: target.name.clone(),
-                    source,
-                });
-            }
-        }
-        self.pause_at_step(Step::AfterDeleteStorage).await;
+        self.delete_storage_revision(storage_client, target).await?;
         tracing::info!(release = %release.key(), secret = %target.name, "deleted the newest storage revision");
         self.finish(release.clone()).await?;
         let event = EventSpec {
@@ -620,7 +814,7 @@ impl Reconciler {
                         return Ok(());
                     };
                     if !decide::still_held(&again, &release.uid) {
-                        let decision = decide::decide(&again, &self.clock(&again));
+                        let decision = self.decide_now(&again).await?;
                         self.carry_out(&again, decision).await?;
                         return Ok(());
                     }
@@ -663,6 +857,26 @@ fn would_write(decision: &Decision) -> Option<String> {
             Some("lift flux-plunger's suspension and the fence".to_owned())
         }
         Decision::DropFence { .. } => Some("remove the uninstall fence".to_owned()),
-        Decision::Nothing { .. } | Decision::HoldFence { .. } | Decision::InspectStorage => None,
+        Decision::HandOver { snapshot, then, .. } => Some(format!(
+            "write revision {} ({}) to status.history for helm-controller's uninstall, then {}",
+            snapshot.version,
+            snapshot.full_name(),
+            match then {
+                AfterHandOver::Lift { .. } => "lift flux-plunger's suspension",
+                AfterHandOver::RequestReconcile => "ask helm-controller to reconcile",
+            }
+        )),
+        Decision::ReclaimUninstalled { revision } => Some(format!(
+            "delete the uninstalled newest revision {}/{}",
+            revision.namespace, revision.name
+        )),
+        Decision::RequestReconcile => Some("ask helm-controller to reconcile".to_owned()),
+        Decision::LetGo { .. } => {
+            Some("remove the uninstall fence without an uninstall".to_owned())
+        }
+        Decision::Nothing { .. }
+        | Decision::HoldFence { .. }
+        | Decision::InspectStorage
+        | Decision::ReadStorage => None,
     }
 }

@@ -14,7 +14,9 @@ use serde_json::Value;
 
 use crate::names::{
     FENCE_FINALIZER, FENCE_LABEL, FIELD_MANAGER, HELM_CONTROLLER_FINALIZER,
-    PROCESSED_VERSION_ANNOTATION, READY_CONDITION, STUCK_MESSAGE,
+    PROCESSED_VERSION_ANNOTATION, READY_CONDITION, RECONCILE_REQUEST_PREFIX,
+    RECONCILE_REQUESTED_AT_ANNOTATION, RELEASED_CONDITION, STUCK_MESSAGE,
+    UNINSTALL_SUCCEEDED_REASON,
 };
 
 /// The processed-revision annotation as read from a release (SPEC §4.7).
@@ -55,6 +57,15 @@ pub struct ReleaseView {
     pub observed_generation: Option<i64>,
     pub status_storage_namespace: Option<String>,
     pub status_latest_history_name: Option<String>,
+    /// `status.history` holds at least one entry: helm-controller knows
+    /// which Helm release to uninstall.
+    pub has_history: bool,
+    /// The `Released` condition, which says how helm-controller's last Helm
+    /// action ended.
+    pub released: Option<ReleasedCondition>,
+    /// `status.lastHandledReconcileAt`: the reconcile request helm-controller
+    /// last handled.
+    pub last_handled_reconcile_at: Option<String>,
     /// Fields that were present but could not be read, for a log line.
     pub malformed: Vec<&'static str>,
 }
@@ -73,6 +84,15 @@ pub struct ReadyCondition {
     pub message: String,
 }
 
+/// The `Released` condition, as far as the uninstall check needs it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReleasedCondition {
+    pub reason: String,
+    /// The generation of the pass that set it (helm-controller sets it on
+    /// every condition it writes).
+    pub observed_generation: Option<i64>,
+}
+
 impl ReleaseView {
     /// Builds the view of a HelmRelease read from the apiserver.
     pub fn from_object(obj: &DynamicObject) -> Self {
@@ -89,12 +109,14 @@ impl ReleaseView {
                 false
             }
         };
-        let ready = match status.and_then(|s| s.get("conditions")) {
-            None | Some(Value::Null) => None,
-            Some(Value::Array(conditions)) => ready_condition(conditions),
+        let (ready, released) = match status.and_then(|s| s.get("conditions")) {
+            None | Some(Value::Null) => (None, None),
+            Some(Value::Array(conditions)) => {
+                (ready_condition(conditions), released_condition(conditions))
+            }
             Some(_) => {
                 malformed.push("status.conditions");
-                None
+                (None, None)
             }
         };
         let observed_generation = match status.and_then(|s| s.get("observedGeneration")) {
@@ -104,17 +126,23 @@ impl ReleaseView {
                 None
             }),
         };
-        let status_latest_history_name = match status.and_then(|s| s.get("history")) {
-            None | Some(Value::Null) => None,
-            Some(Value::Array(history)) => history
-                .first()
-                .and_then(|h| h.get("name"))
-                .and_then(Value::as_str)
-                .filter(|n| !n.is_empty())
-                .map(str::to_owned),
+        let (status_latest_history_name, has_history) = match status.and_then(|s| s.get("history"))
+        {
+            None | Some(Value::Null) => (None, false),
+            Some(Value::Array(history)) => (
+                history
+                    .first()
+                    .and_then(|h| h.get("name"))
+                    .and_then(Value::as_str)
+                    .filter(|n| !n.is_empty())
+                    .map(str::to_owned),
+                !history.is_empty(),
+            ),
             Some(_) => {
+                // Present but unreadable: helm-controller could not read
+                // it either, so it counts as no history.
                 malformed.push("status.history");
-                None
+                (None, false)
             }
         };
 
@@ -160,6 +188,9 @@ impl ReleaseView {
             observed_generation,
             status_storage_namespace: non_empty_str(status, "storageNamespace"),
             status_latest_history_name,
+            has_history,
+            released,
+            last_handled_reconcile_at: non_empty_str(status, "lastHandledReconcileAt"),
             malformed,
         }
     }
@@ -231,11 +262,44 @@ impl ReleaseView {
     }
 
     /// SPEC §5d: helm-controller has finished with the delete: its finalizer
-    /// is gone and it has observed the current (unsuspended) generation.
-    pub fn uninstall_reached(&self) -> bool {
+    /// is gone and it has observed the current generation. Its pass over a
+    /// release whose history it had cleared gets here without uninstalling
+    /// anything: see [`Self::reported_uninstall_succeeded`].
+    pub fn delete_handled_by_helm_controller(&self) -> bool {
         !self.has_helm_controller_finalizer()
             && self.generation.is_some()
             && self.observed_generation == self.generation
+    }
+
+    /// helm-controller ran the Helm uninstall for the current generation
+    /// (`Released` is `UninstallSucceeded`, set by a pass at this
+    /// generation: the delete itself bumps the generation, so an older
+    /// uninstall's condition never counts).
+    pub fn reported_uninstall_succeeded(&self) -> bool {
+        self.released.as_ref().is_some_and(|c| {
+            c.reason == UNINSTALL_SUCCEEDED_REASON
+                && c.observed_generation.is_some()
+                && c.observed_generation == self.generation
+        })
+    }
+
+    /// A reconcile request (`reconcile.fluxcd.io/requestedAt`) that
+    /// helm-controller has not handled yet.
+    pub fn reconcile_request_pending(&self) -> bool {
+        self.annotations
+            .get(RECONCILE_REQUESTED_AT_ANNOTATION)
+            .is_some_and(|requested| Some(requested) != self.last_handled_reconcile_at.as_ref())
+    }
+
+    /// helm-controller has handled the reconcile request flux-plunger made
+    /// after handing it a history to uninstall from.
+    pub fn our_reconcile_request_handled(&self) -> bool {
+        self.annotations
+            .get(RECONCILE_REQUESTED_AT_ANNOTATION)
+            .is_some_and(|requested| {
+                requested.starts_with(RECONCILE_REQUEST_PREFIX)
+                    && Some(requested) == self.last_handled_reconcile_at.as_ref()
+            })
     }
 
     /// The release is opted out of recoveries by its annotation.
@@ -298,6 +362,20 @@ fn ready_condition(conditions: &[Value]) -> Option<ReadyCondition> {
                 .and_then(Value::as_str)
                 .unwrap_or_default()
                 .to_owned(),
+        })
+}
+
+fn released_condition(conditions: &[Value]) -> Option<ReleasedCondition> {
+    conditions
+        .iter()
+        .find(|c| c.get("type").and_then(Value::as_str) == Some(RELEASED_CONDITION))
+        .map(|c| ReleasedCondition {
+            reason: c
+                .get("reason")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_owned(),
+            observed_generation: c.get("observedGeneration").and_then(Value::as_i64),
         })
 }
 

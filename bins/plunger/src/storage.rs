@@ -10,6 +10,7 @@ use kube::api::{Api, DeleteParams, ListParams, Preconditions};
 use kube::{Client, ResourceExt};
 use sha2::{Digest, Sha256};
 
+use crate::history::HistorySnapshot;
 use crate::names::{
     HELM_STORAGE_NAME_LABEL, HELM_STORAGE_OWNER_LABEL, HELM_STORAGE_SECRET_TYPE,
     HELM_STORAGE_STATUS_LABEL, HELM_STORAGE_VERSION_LABEL, storage_secret_name,
@@ -164,6 +165,25 @@ pub async fn list_storage(
         .list(&ListParams::default().labels(&selector))
         .await?
         .items)
+}
+
+/// Reads one revision's payload and makes helm-controller's history entry of
+/// it; the inner error says why the payload is not a readable release.
+pub async fn read_snapshot(
+    client: &Client,
+    revision: &StorageRevision,
+    release_name: &str,
+) -> kube::Result<Result<HistorySnapshot, String>> {
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &revision.namespace);
+    let secret = secrets.get(&revision.name).await?;
+    let Some(payload) = secret.data.as_ref().and_then(|d| d.get("release")) else {
+        return Ok(Err("the Secret holds no release".to_owned()));
+    };
+    Ok(HistorySnapshot::from_payload(
+        &payload.0,
+        release_name,
+        revision.revision,
+    ))
 }
 
 /// Deletes exactly the revision that was listed: the uid and resourceVersion

@@ -48,7 +48,7 @@ impl ReleasePlan {
             lift_suspension: release.suspend && release.suspend_owned_by_us_alone(),
             without_uninstall: !fence_indices.is_empty()
                 && release.terminating
-                && !release.uninstall_reached(),
+                && !release.delete_handled_by_helm_controller(),
             remove_label: release.fence_labelled && !fence_indices.is_empty(),
             fence_indices,
         }
@@ -165,7 +165,7 @@ pub fn row_of(release: &ReleaseView) -> Option<Row> {
         fences,
         suspension,
         terminating: release.terminating,
-        uninstall_reached: release.uninstall_reached(),
+        uninstall_reached: release.delete_handled_by_helm_controller(),
     })
 }
 

@@ -575,12 +575,12 @@ pub(crate) async fn client_from_yaml(yaml: &str) -> Result<Client> {
 
 fn write_audit_policy(dir: &Path) -> Result<PathBuf> {
     let path = dir.join("audit-policy.yaml");
-    // Request bodies of HelmRelease writes, so a test can check what every
-    // apply carried; metadata for everything else: who did what to which
+    // Request bodies of HelmRelease writes (status included), so a test can
+    // check what every write carried; metadata for everything else: who did what to which
     // object, enough to count requests by verb and to prove who wrote when.
     std::fs::write(
         &path,
-        "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules:\n- level: Request\n  verbs: [patch, update, create]\n  resources:\n  - group: helm.toolkit.fluxcd.io\n    resources: [helmreleases]\n- level: Metadata\n",
+        "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules:\n- level: Request\n  verbs: [patch, update, create]\n  resources:\n  - group: helm.toolkit.fluxcd.io\n    resources: [helmreleases, helmreleases/status]\n- level: Metadata\n",
     )?;
     Ok(path)
 }

@@ -145,7 +145,8 @@ impl TestNamespace {
     }
 
     /// Writes the status helm-controller leaves on a release whose upgrade
-    /// Helm refused: `Ready=False`, "... has no deployed releases".
+    /// Helm refused: `Ready=False`, "... has no deployed releases", and its
+    /// history cleared (it no longer recognised the stored release).
     pub async fn mark_stuck(&self, name: &str) -> Result<DynamicObject> {
         self.set_ready(
             name,
@@ -153,7 +154,15 @@ impl TestNamespace {
             "UpgradeFailed",
             &format!("Helm upgrade failed for release {}/{name} with chart demo@1.0.0: \"{name}\" has no deployed releases", self.name),
         )
-        .await
+        .await?;
+        Ok(self
+            .releases()
+            .patch_status(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"status": {"history": null}})),
+            )
+            .await?)
     }
 
     /// True once release `name` is recovered to `revision`: the processed
@@ -214,7 +223,9 @@ impl TestNamespace {
             type_: Some(names::HELM_STORAGE_SECRET_TYPE.to_owned()),
             data: Some(BTreeMap::from([(
                 "release".to_owned(),
-                ByteString(b"H4sIAAAAAAAA/wMAAAAAAAAAAAA=".to_vec()),
+                ByteString(crate::helm_storage::encode_release(&stored_release(
+                    release, &self.name, revision, status,
+                ))?),
             )])),
             ..Default::default()
         };
@@ -223,6 +234,22 @@ impl TestNamespace {
             .create(&PostParams::default(), &secret)
             .await?)
     }
+}
+
+/// The release Helm stores for revision `revision` of `release` of the demo
+/// chart, installed in `namespace`, in `status`.
+pub fn stored_release(release: &str, namespace: &str, revision: u64, status: &str) -> Value {
+    json!({
+        "name": release, "namespace": namespace, "version": revision,
+        "info": {
+            "first_deployed": "2026-01-01T00:00:00Z",
+            "last_deployed": "2026-01-01T00:00:00Z",
+            "status": status, "description": "written by a test",
+        },
+        "chart": {"metadata": {"name": "demo", "version": "1.0.0", "apiVersion": "v2"}},
+        "config": {},
+        "manifest": format!("---\napiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {release}-resources\n"),
+    })
 }
 
 /// `object` is recovered to `revision`: the processed annotation names it,

@@ -1,37 +1,39 @@
-//! A simulated helm-controller: the part of Flux's helm-controller (v1.5,
+//! A simulated helm-controller: the part of Flux's helm-controller (v1.4 to
 //! v1.6) that decides whether a deleted HelmRelease is uninstalled, step for
-//! step as its `Reconcile` and `reconcileDelete` do it:
+//! step as its `Reconcile`, `reconcileDelete` and `reconcileReleaseDeletion`
+//! do it (checked against the real one in `bins/e2e`):
 //!
 //! - a live release gets `finalizers.fluxcd.io` first;
-//! - a deleted release is uninstalled only when `spec.suspend` is not true;
-//!   the finalizer is dropped either way (this is the orphaning the fence
-//!   prevents);
-//! - every pass that ends without error records `status.observedGeneration`.
+//! - a deleted release is uninstalled only when `spec.suspend` is not true,
+//!   `status.storageNamespace` is set, and `status.history` names the Helm
+//!   release (its uninstall runs `helm uninstall <history[0].name>`); an
+//!   empty history is `ErrNoLatest`, tolerated: nothing is uninstalled. An
+//!   unsuspended pass clears the history and the storage namespace either
+//!   way; an uninstall sets `Released` to `UninstallSucceeded`. The
+//!   finalizer is dropped in every case (the orphaning the fence prevents);
+//! - every pass that ends without error records `status.observedGeneration`
+//!   and the reconcile request it handled (`status.lastHandledReconcileAt`).
 //!
 //! "Installing" a release here means a ConfigMap `<release>-resources` in its
-//! namespace; the uninstall deletes it, so a test sees an orphan as a
-//! ConfigMap left behind by a release that is gone.
-//!
-//! What it leaves out, on purpose (checked against the real one in
-//! `bins/e2e`): the real helm-controller's deletion path uninstalls only what
-//! its `status.history` still names, and it clears that history when it meets
-//! storage it did not write — which is how a release gets stuck. So the real
-//! one deletes a stuck release's HelmChart but cannot uninstall it
-//! (`ErrNoLatest`), fence or not. Here the ConfigMap's delete stands for "the
-//! deletion path ran": the decision the fence protects, which is the same in
-//! both.
+//! namespace; the uninstall deletes it and purges the release's Helm storage,
+//! so a test sees an orphan as a ConfigMap left behind by a release that is
+//! gone. A stuck release has no history (fixtures never write one), as the
+//! real helm-controller leaves it.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::Result;
-use k8s_openapi::api::core::v1::ConfigMap;
-use kube::Client;
-use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
-use plunger::names::HELM_CONTROLLER_FINALIZER;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use kube::api::{Api, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::{Client, ResourceExt};
+use plunger::names::{
+    HELM_CONTROLLER_FINALIZER, RECONCILE_REQUESTED_AT_ANNOTATION, RELEASED_CONDITION,
+    UNINSTALL_SUCCEEDED_REASON,
+};
 use plunger::release::{ReleaseView, helmreleases};
-use serde_json::json;
+use serde_json::{Value, json};
 
 /// What one pass did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -42,6 +44,9 @@ pub enum Handled {
     Reconciled,
     Uninstalled,
     UninstallSkippedBecauseSuspended,
+    /// Unsuspended, but nothing recorded to uninstall (no history or no
+    /// storage namespace): the pass lets the release go with its resources.
+    NothingRecordedToUninstall,
     /// A write lost a race (409): the real controller requeues.
     Conflict,
 }
@@ -69,7 +74,9 @@ impl SimulatedHelmController {
         format!("{release}-resources")
     }
 
-    /// "Installs" the release: creates its resources ConfigMap.
+    /// "Installs" the release: creates its resources ConfigMap and records
+    /// it in the release's status (its history and storage namespace), as
+    /// a successful install does.
     pub async fn install(&self, release: &str) -> Result<()> {
         let configmaps: Api<ConfigMap> = Api::namespaced(self.client.clone(), &self.namespace);
         let cm = ConfigMap {
@@ -81,6 +88,18 @@ impl SimulatedHelmController {
             ..Default::default()
         };
         configmaps.create(&PostParams::default(), &cm).await?;
+        let status = json!({"status": {
+            "storageNamespace": self.namespace,
+            "history": [{
+                "name": release, "namespace": self.namespace, "version": 1, "status": "deployed",
+                "chartName": "demo", "chartVersion": "1.0.0",
+                "configDigest": "sha256:0", "digest": "sha256:0",
+                "firstDeployed": "2026-01-01T00:00:00Z", "lastDeployed": "2026-01-01T00:00:00Z",
+            }],
+        }});
+        helmreleases(self.client.clone(), &self.namespace)
+            .patch_status(release, &PatchParams::default(), &Patch::Merge(&status))
+            .await?;
         Ok(())
     }
 
@@ -111,12 +130,29 @@ impl SimulatedHelmController {
             return Ok(Handled::Gone);
         };
         let release = ReleaseView::from_object(&object);
+        let mut status = json!({});
         let handled = if release.terminating {
             let handled = if release.suspend {
                 Handled::UninstallSkippedBecauseSuspended
             } else {
-                self.uninstall(name).await?;
-                Handled::Uninstalled
+                let handled = if release.status_storage_namespace.is_none() {
+                    Handled::NothingRecordedToUninstall
+                } else if let Some(helm_release) = &release.status_latest_history_name {
+                    self.uninstall(name, &release, helm_release).await?;
+                    status["conditions"] = json!([{
+                        "type": RELEASED_CONDITION, "status": "False",
+                        "reason": UNINSTALL_SUCCEEDED_REASON,
+                        "message": format!("Helm uninstall succeeded for release {}/{helm_release}", self.namespace),
+                        "observedGeneration": release.generation,
+                        "lastTransitionTime": "2026-01-01T00:00:00Z",
+                    }]);
+                    Handled::Uninstalled
+                } else {
+                    Handled::NothingRecordedToUninstall
+                };
+                status["history"] = Value::Null;
+                status["storageNamespace"] = Value::Null;
+                handled
             };
             self.journal
                 .lock()
@@ -150,13 +186,20 @@ impl SimulatedHelmController {
         } else {
             Handled::Reconciled
         };
-        self.record_observed_generation(name, release.generation)
-            .await?;
+        status["observedGeneration"] = json!(release.generation);
+        if let Some(requested) = release.annotations.get(RECONCILE_REQUESTED_AT_ANNOTATION) {
+            status["lastHandledReconcileAt"] = json!(requested);
+        }
+        self.record_pass(name, status).await?;
         Ok(handled)
     }
 
-    /// Runs passes over every release of the namespace until `stop` is set,
-    /// as a background controller would.
+    /// Runs passes over the releases of the namespace until `stop` is set,
+    /// each when the real controller's watch would trigger one: a live
+    /// release without its finalizer, a generation not observed yet, or a
+    /// reconcile request not handled yet. A status write alone triggers
+    /// nothing, as helm-controller filters its events by generation and
+    /// request.
     pub fn spawn(
         self,
         period: Duration,
@@ -171,8 +214,8 @@ impl SimulatedHelmController {
                 let releases = helmreleases(self.client.clone(), &self.namespace);
                 if let Ok(list) = releases.list(&Default::default()).await {
                     for object in list.items {
-                        if let Some(name) = object.metadata.name {
-                            let _ = self.handle(&name).await;
+                        if pass_due(&ReleaseView::from_object(&object)) {
+                            let _ = self.handle(&object.name_any()).await;
                         }
                     }
                 }
@@ -182,16 +225,38 @@ impl SimulatedHelmController {
         (handle, stop)
     }
 
-    async fn uninstall(&self, release: &str) -> Result<()> {
+    /// The Helm uninstall of `helm_release`: its resources, then its storage.
+    async fn uninstall(&self, name: &str, release: &ReleaseView, helm_release: &str) -> Result<()> {
         let configmaps: Api<ConfigMap> = Api::namespaced(self.client.clone(), &self.namespace);
         match configmaps
-            .delete(&Self::resources_name(release), &Default::default())
+            .delete(&Self::resources_name(name), &Default::default())
             .await
         {
-            Ok(_) => Ok(()),
-            Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-            Err(e) => Err(e.into()),
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) => return Err(e.into()),
         }
+        let storage_namespace = release
+            .status_storage_namespace
+            .as_deref()
+            .unwrap_or(&self.namespace);
+        let secrets: Api<Secret> = Api::namespaced(self.client.clone(), storage_namespace);
+        let selector = format!("owner=helm,name={helm_release}");
+        for secret in secrets
+            .list(&ListParams::default().labels(&selector))
+            .await?
+            .items
+        {
+            match secrets
+                .delete(&secret.name_any(), &Default::default())
+                .await
+            {
+                Ok(_) => {}
+                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(())
     }
 
     /// Drops `finalizers.fluxcd.io` at `index`, guarded so no other
@@ -217,8 +282,9 @@ impl SimulatedHelmController {
         }
     }
 
-    async fn record_observed_generation(&self, name: &str, generation: Option<i64>) -> Result<()> {
-        let patch = json!({"status": {"observedGeneration": generation}});
+    /// Writes what the pass records in the status, in one patch.
+    async fn record_pass(&self, name: &str, status: Value) -> Result<()> {
+        let patch = json!({ "status": status });
         match helmreleases(self.client.clone(), &self.namespace)
             .patch_status(name, &PatchParams::default(), &Patch::Merge(patch))
             .await
@@ -229,4 +295,11 @@ impl SimulatedHelmController {
             Err(e) => Err(e.into()),
         }
     }
+}
+
+/// Whether helm-controller's watch would trigger a pass over `release`.
+pub fn pass_due(release: &ReleaseView) -> bool {
+    (!release.terminating && !release.has_helm_controller_finalizer())
+        || release.observed_generation != release.generation
+        || release.reconcile_request_pending()
 }

@@ -39,7 +39,7 @@ pub mod real_helm_controller;
 
 pub use control_plane::{ControlPlane, control_plane};
 pub use fault_proxy::{Fault, FaultPlan, FaultProxy, FaultReport, Hold, Rates, Verb};
-pub use fixtures::{Refusal, SeenEvent, TestNamespace, eventually, is_recovered};
+pub use fixtures::{Refusal, SeenEvent, TestNamespace, eventually, is_recovered, merge};
 pub use helm_controller::{Handled, SimulatedHelmController};
 pub use seeded::SeededRng;
 
