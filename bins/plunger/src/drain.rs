@@ -209,6 +209,14 @@ fn account(
             }
             tracing::info!(release = %key, "suspension lifted; the fence waits for helm-controller's uninstall");
         }
+        Ok(Outcome::HandedOver { revision }) => {
+            // A hand-over ends with no suspension of ours: it lifted it, or
+            // the release was not suspended (the reconcile request).
+            if let Some(release) = left.get_mut(key) {
+                release.suspended = false;
+            }
+            tracing::info!(release = %key, revision, "history handed to helm-controller's uninstall; the fence waits for it");
+        }
         Ok(other) => {
             tracing::debug!(release = %key, outcome = ?other, "waiting for helm-controller")
         }
@@ -283,7 +291,7 @@ mod tests {
 
     #[test]
     fn an_outcome_takes_a_release_off_the_list_only_when_its_fence_is_gone() {
-        let mut left: BTreeMap<String, Left> = ["a", "b", "c", "d", "e"]
+        let mut left: BTreeMap<String, Left> = ["a", "b", "c", "d", "e", "f"]
             .iter()
             .map(|k| {
                 let release = Left {
@@ -305,7 +313,8 @@ mod tests {
             }),
         );
         account(&mut left, "e", &Ok(Outcome::ReleasedWithoutUninstall));
-        assert_eq!(left.keys().collect::<Vec<_>>(), ["c", "d"]);
+        account(&mut left, "f", &Ok(Outcome::HandedOver { revision: 2 }));
+        assert_eq!(left.keys().collect::<Vec<_>>(), ["c", "d", "f"]);
         assert!(!left["c"].suspended, "the suspension was lifted");
         assert!(left["d"].suspended);
         assert!(
