@@ -14,11 +14,17 @@
 //! Once a run settles (the release is gone, or it stays the same while
 //! helm-controller keeps passing over it and flux-plunger's controller has
 //! nothing left to do) the invariants of SPEC §4-§5 are checked:
-//! - a release deleted without a foreign suspension was uninstalled;
+//! - a release deleted while flux-plunger held it (its fence or its
+//!   suspension), without a foreign suspension, was uninstalled. One deleted
+//!   while flux-plunger held nothing of it (before it took hold, or after it
+//!   let go) is counted, not judged: helm-controller has cleared the stuck
+//!   release's history, so its own deletion path uninstalls nothing, with
+//!   flux-plunger or without (issue #13 item 2; README "Known limits");
 //! - a release suspended by another manager, then deleted, kept its resources;
 //! - nothing is left Terminating once helm-controller has answered;
 //! - a live, settled release carries no suspension or fence of ours;
-//! - no storage Secret but the stuck revision was deleted.
+//! - no storage Secret but the stuck revision was deleted (or the ones
+//!   helm-controller's uninstall purged).
 //!
 //! A failing seed is printed with its timeline and can be replayed:
 //! `FLUX_PLUNGER_SEEDS=17,23 cargo test -p plunger --test interleavings -- --nocapture`.
@@ -76,6 +82,8 @@ struct RunResult {
     /// helm-controller met the delete under our suspension and skipped the
     /// uninstall: only the fence kept the release for a second pass.
     fence_mattered: bool,
+    /// The delete landed while flux-plunger held nothing of the release.
+    deleted_unheld: bool,
     took: Duration,
 }
 
@@ -134,6 +142,7 @@ async fn recoveries_raced_by_deletes_and_faults_never_orphan_strand_or_lose_anyt
                     recovered: false,
                     absorbed_foreign_update: false,
                     fence_mattered: false,
+                    deleted_unheld: false,
                     took: Duration::ZERO,
                 },
             }
@@ -182,11 +191,12 @@ async fn recoveries_raced_by_deletes_and_faults_never_orphan_strand_or_lose_anyt
             .count()
     };
     println!(
-        "interleavings: {} seeds in {:.1}s: {} deleted ({} of them under our suspension, held by the fence), {} suspended by another manager ({} of them absorbed by our suspension), {} unsuspended by another manager, {} recovered; {} violating",
+        "interleavings: {} seeds in {:.1}s: {} deleted ({} of them under our suspension, held by the fence; {} while flux-plunger held nothing of them, not judged), {} suspended by another manager ({} of them absorbed by our suspension), {} unsuspended by another manager, {} recovered; {} violating",
         results.len(),
         started.elapsed().as_secs_f64(),
         deleted,
         results.iter().filter(|r| r.fence_mattered).count(),
+        results.iter().filter(|r| r.deleted_unheld).count(),
         foreign(&[ForeignWrite::SuspendByApply, ForeignWrite::SuspendByUpdate]),
         results.iter().filter(|r| r.absorbed_foreign_update).count(),
         foreign(&[ForeignWrite::UnsuspendByUpdate]),
@@ -322,6 +332,7 @@ async fn run(scenario: Scenario) -> Result<RunResult> {
     .await?;
     let mut faulty_hc = SimulatedHelmController::new(hc_proxy.client()?, &ns.name);
     faulty_hc.journal = hc.journal.clone();
+    faulty_hc.purged = hc.purged.clone();
     let timeline = Timeline::default();
     let steps = Arc::new(tokio::sync::Notify::new());
     let wanted_step: Arc<Mutex<Vec<Step>>> = Arc::default();
@@ -356,7 +367,8 @@ async fn run(scenario: Scenario) -> Result<RunResult> {
         loops.clone(),
     ));
 
-    let foreign_owned = act(&scenario, &ns, &timeline, &steps, &wanted_step).await?;
+    let acted = act(&scenario, &ns, &timeline, &steps, &wanted_step).await?;
+    let foreign_owned = acted.foreign_owned;
     let settled = settle(&ns, &progress).await?;
     stop.store(true, Ordering::SeqCst);
     let _ = tokio::time::timeout(Duration::from_secs(30), controller).await;
@@ -377,7 +389,7 @@ async fn run(scenario: Scenario) -> Result<RunResult> {
         &scenario,
         &ns,
         &hc,
-        foreign_suspended,
+        &acted,
         &secrets_before,
         &stuck_secret,
         &mut violations,
@@ -390,6 +402,7 @@ async fn run(scenario: Scenario) -> Result<RunResult> {
             .contains(&Handled::UninstallSkippedBecauseSuspended);
     Ok(RunResult {
         fence_mattered,
+        deleted_unheld: scenario.delete.is_some() && !acted.held_at_delete,
         absorbed_foreign_update: foreign_owned == Some(false),
         scenario,
         violations,

@@ -20,7 +20,7 @@
 //! gone. A stuck release has no history (fixtures never write one), as the
 //! real helm-controller leaves it.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -58,6 +58,10 @@ pub struct SimulatedHelmController {
     namespace: String,
     /// Every uninstall decision, in order, as (release, handled).
     pub journal: Arc<Mutex<Vec<(String, Handled)>>>,
+    /// The storage Secrets an uninstall set out to purge (listed before it
+    /// deleted them), so that a test tells Helm's purge from a delete of
+    /// flux-plunger's.
+    pub purged: Arc<Mutex<BTreeSet<String>>>,
 }
 
 impl SimulatedHelmController {
@@ -66,6 +70,7 @@ impl SimulatedHelmController {
             client,
             namespace: namespace.to_owned(),
             journal: Arc::default(),
+            purged: Arc::default(),
         }
     }
 
@@ -242,11 +247,15 @@ impl SimulatedHelmController {
             .unwrap_or(&self.namespace);
         let secrets: Api<Secret> = Api::namespaced(self.client.clone(), storage_namespace);
         let selector = format!("owner=helm,name={helm_release}");
-        for secret in secrets
+        let listed = secrets
             .list(&ListParams::default().labels(&selector))
             .await?
-            .items
-        {
+            .items;
+        self.purged
+            .lock()
+            .unwrap()
+            .extend(listed.iter().map(|secret| secret.name_any()));
+        for secret in listed {
             match secrets
                 .delete(&secret.name_any(), &Default::default())
                 .await

@@ -217,16 +217,25 @@ pub async fn helm_controller_loop(
     }
 }
 
+/// What the other actors did.
+pub struct Acted {
+    /// Whether another manager's suspension owns `spec.suspend` after its
+    /// write (`None`: no suspension).
+    pub foreign_owned: Option<bool>,
+    /// The release carried flux-plunger's fence or suspension when the
+    /// delete landed, as the apiserver's answer to the delete shows it.
+    pub held_at_delete: bool,
+}
+
 /// The other actors: another manager's write of `spec.suspend`, then the
-/// delete, each when its trigger fires. Returns whether another manager's
-/// suspension owns `spec.suspend` after its write (`None`: no suspension).
+/// delete, each when its trigger fires.
 pub async fn act(
     scenario: &Scenario,
     ns: &TestNamespace,
     timeline: &Timeline,
     steps: &tokio::sync::Notify,
     wanted_step: &Mutex<Vec<Step>>,
-) -> Result<Option<bool>> {
+) -> Result<Acted> {
     let mut foreign_owned = None;
     if let Some((kind, trigger)) = scenario.foreign {
         wait_for(trigger, steps, wanted_step).await;
@@ -240,15 +249,29 @@ pub async fn act(
             foreign_owned = Some(owned);
         }
     }
+    let mut held_at_delete = false;
     if let Some(trigger) = scenario.delete {
         wait_for(trigger, steps, wanted_step).await;
-        ns.releases()
+        let deleted = ns
+            .releases()
             .delete(NAME, &DeleteParams::default())
             .await
             .context("deleting the release")?;
-        timeline.note("actor", "deleted the release");
+        // The release as the delete left it (terminating, so no finalizer
+        // can be added any more); gone at once if nothing held it.
+        held_at_delete = deleted.left().is_some_and(|object| {
+            let view = ReleaseView::from_object(&object);
+            view.has_fence() || view.suspended_by_us()
+        });
+        timeline.note(
+            "actor",
+            format!("deleted the release; flux-plunger held it: {held_at_delete}"),
+        );
     }
-    Ok(foreign_owned)
+    Ok(Acted {
+        foreign_owned,
+        held_at_delete,
+    })
 }
 
 async fn wait_for(trigger: Trigger, steps: &tokio::sync::Notify, wanted_step: &Mutex<Vec<Step>>) {

@@ -9,6 +9,7 @@ use plunger::release::ReleaseView;
 use testkit::{Handled, SimulatedHelmController, TestNamespace};
 
 use super::NAME;
+use super::actors::Acted;
 use super::scenario::Scenario;
 
 /// The invariants, on the settled world, read directly.
@@ -16,14 +17,18 @@ pub async fn check(
     scenario: &Scenario,
     ns: &TestNamespace,
     hc: &SimulatedHelmController,
-    foreign_suspended: bool,
+    acted: &Acted,
     secrets_before: &BTreeSet<String>,
     stuck_secret: &str,
     violations: &mut Vec<String>,
 ) -> Result<()> {
+    let foreign_suspended = acted.foreign_owned == Some(true);
     let secrets_after = secret_names(ns).await?;
+    // helm-controller's uninstall purges the release's storage (what it
+    // listed then, not what was gone before).
+    let purged = hc.purged.lock().unwrap().clone();
     for lost in secrets_before.difference(&secrets_after) {
-        if lost != stuck_secret {
+        if lost != stuck_secret && !purged.contains(lost) {
             violations.push(format!(
                 "storage Secret {lost} was deleted; only {stuck_secret} may be"
             ));
@@ -45,9 +50,10 @@ pub async fn check(
                     "suspended by another manager, then deleted: its resources must stay, but were uninstalled ({decisions:?})"
                 ));
             }
-        } else if !decisions.contains(&Handled::Uninstalled) || resources {
+        } else if acted.held_at_delete && (!decisions.contains(&Handled::Uninstalled) || resources)
+        {
             violations.push(format!(
-                "deleted without a foreign suspension but not uninstalled: decisions {decisions:?}, resources left: {resources}"
+                "deleted under flux-plunger's fence or suspension, no foreign one, but not uninstalled: decisions {decisions:?}, resources left: {resources}"
             ));
         }
     } else {
