@@ -424,11 +424,13 @@ async fn release_writes(
     // keeps.
     release_with_values(apps, "web").await?;
     apps.apply_as_flux_plunger("web", false).await?;
-    // "fenced": deleted and uninstalled by helm-controller, which dropped its
+    // "fenced": installed (a history helm-controller's uninstall can act
+    // on), deleted and uninstalled by helm-controller, which dropped its
     // finalizer; the fence is the last one, and giving it up (the apiserver
     // leaves `finalizers: null`) lets the release go.
     let hc = SimulatedHelmController::new(apps.client.clone(), &apps.name);
     apps.create_release("fenced", json!({})).await?;
+    hc.install("fenced").await?;
     ensure!(hc.handle("fenced").await? == Handled::AddedFinalizer);
     apps.apply_as_flux_plunger("fenced", false).await?;
     apps.releases()

@@ -415,6 +415,12 @@ fn the_controller_s_cluster_role_grants_exactly_what_it_needs_on_the_resources_p
             names::HELMRELEASE_PLURAL,
             &["get", "list", "watch", "patch"],
         ),
+        // The history handed to helm-controller's uninstall (SPEC §5a, §5d).
+        triples(
+            &[names::HELMRELEASE_GROUP],
+            &format!("{}/status", names::HELMRELEASE_PLURAL),
+            &["patch"],
+        ),
         triples(&[""], "secrets", &["get", "list", "delete"]),
         triples(&["events.k8s.io"], "events", &["create", "patch"]),
     ]
