@@ -247,6 +247,60 @@ async fn a_rollout_drains_the_old_pod_after_its_controller_and_hands_over_to_the
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_pod_drains_200_fences_at_the_smallest_grace_period_before_the_kill() -> Result<()>
+{
+    let _turn = testkit::cluster_wide_turn().await;
+    let (on, old) = installed("node-delete").await?;
+    let fences = TestNamespace::create(&on.ns().client, "node-delete-fences").await?;
+    let created = testkit::audit::mark();
+    let fenced = fenced_releases(&fences, 200).await?;
+
+    let offset = testkit::audit::mark();
+    let old_name = name_of(&old);
+    on.pods()
+        .delete(&old_name, &DeleteParams::default())
+        .await?;
+    let gone = watch_until_gone(&on.pods(), &old_name, real_node::POD_TIMEOUT).await?;
+    let stopped = Stopped::of(&gone)?;
+    ensure!(
+        stopped.grace == SignedDuration::from_secs(G as i64),
+        "deleted with {:#}",
+        stopped.grace
+    );
+    stopped.check_order()?;
+    // Exit 0 and before the grace period ran out: the drain ended by itself,
+    // with nothing left, not by the kubelet's SIGKILL.
+    ensure!(
+        stopped.drain.exit_code == 0,
+        "the drain exited {}",
+        stopped.drain.exit_code
+    );
+    let drained_in = stopped.drain.finished_at.duration_since(stopped.deleted_at);
+    ensure!(
+        drained_in < stopped.grace,
+        "the drain ended {drained_in:#} after the delete"
+    );
+    let left = still_held(&fences).await?;
+    ensure!(
+        left.is_empty(),
+        "fences left: {left:?}; their writes since they were created:\n{}",
+        real_node::trail(created, &fences.name, &left)?
+    );
+
+    let new = on.ready_pod(Some(&old_name)).await?;
+    on.wait_lease_held_by(&name_of(&new)).await?;
+    let writers = Writers::read(offset, &on.controller_user(), &old_name, &name_of(&new))?;
+    writers.check_single_writer()?;
+    eprintln!(
+        "delete: {} fences drained, the drain ended {drained_in:#} after the delete (SIGKILL at {:#}); handover {:#}",
+        fenced.len(),
+        stopped.grace,
+        writers.handover()?
+    );
+    on.remove()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_drain_the_apiserver_refuses_is_cut_by_the_kill_and_the_next_pod_waits_out_the_lease()
 -> Result<()> {
     let _turn = testkit::cluster_wide_turn().await;
