@@ -308,11 +308,12 @@ lint: ## cargo fmt --check, clippy with warnings denied, and no test hooks in re
 ##@ Run
 
 .PHONY: demo
-demo: tools ## Show flux-plunger at work: a local control plane, Flux's real helm-controller, a recovery and the fence holding a delete (about a minute; Ctrl-C stops it).
-	$(call step,building flux-plunger (a test build: the demo pauses it mid-recovery to show the fence))
-	cargo build --locked --workspace --bins
-	$(call step,running the demo)
-	cargo run --locked -q -p e2e --bin demo
+demo: tools node-packages image ## Show flux-plunger at work as a user runs it: its chart installed by helm on a real node, its pod recovering a release the real helm-controller left stuck, the fence holding a delete until the uninstall, helm uninstall's hook Job (a few minutes warm; Ctrl-C stops it).
+	$(call step,building the demo)
+	cargo build --locked -p e2e --bin demo
+	$(call step,running the demo in the node sandbox (hack/node-sandbox.sh))
+	hack/node-sandbox.sh cargo run --locked --offline -q -p e2e --bin demo
+	@hack/check-no-leftovers.sh
 
 .PHONY: bench
 bench: tools ## Figures (not tests), release builds on the local control plane: sizes, memory, start-up, a burst of recoveries, apiserver requests, drain, handover, sweep; writes _out/bench/bench.json.

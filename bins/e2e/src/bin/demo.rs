@@ -1,17 +1,18 @@
-//! `make demo`: flux-plunger at work beside Flux's real helm-controller, on a
-//! local control plane, narrated. It ends on its own (or on Ctrl-C) and leaves
-//! nothing running: every server stops with this process.
+//! `make demo`: flux-plunger at work as a user runs it — the chart installed
+//! by helm on a real node (testkit's, inside `hack/node-sandbox.sh`), its
+//! controller pod beside Flux's real helm-controller — narrated, with the
+//! pods shown. It ends on its own (or on Ctrl-C) and leaves nothing running:
+//! every server stops with this process, and the sandbox with it.
 #![forbid(unsafe_code)]
 
 use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::Result;
-use e2e::{
-    FluxPlunger, Observed, apply_as_flux_plunger, install, make_stuck, wait_gone, wait_until,
-};
-use testkit::TestNamespace;
+use e2e::{Observed, apply_as_flux_plunger, install, make_stuck, wait_gone, wait_until};
+use real_node::OnNode;
 use testkit::control_plane::{AuthInfo, control_plane, tool};
+use testkit::node::node;
 use testkit::real_helm_controller::{demo_configmap, helm_controller, selected_version};
 
 struct Narrator {
@@ -51,16 +52,60 @@ impl Narrator {
     }
 }
 
+/// Scales flux-plunger's Deployment to `replicas` and waits for the pods to
+/// follow: a stop (its drain included) or a start.
+async fn scale(on: &OnNode, replicas: i32) -> Result<()> {
+    use k8s_openapi::api::apps::v1::Deployment;
+    let deployments: kube::Api<Deployment> =
+        kube::Api::namespaced(on.ns().client.clone(), &on.ns().name);
+    deployments
+        .patch_scale(
+            &on.fullname,
+            &Default::default(),
+            &kube::api::Patch::Merge(serde_json::json!({"spec": {"replicas": replicas}})),
+        )
+        .await?;
+    if replicas > 0 {
+        on.ready_pod(None).await?;
+    } else {
+        let selector = on.selector();
+        testkit::eventually(
+            real_node::POD_TIMEOUT,
+            "flux-plunger's pods to go",
+            || async {
+                Ok(on
+                    .pods()
+                    .list(&kube::api::ListParams::default().labels(&selector))
+                    .await?
+                    .items
+                    .is_empty())
+            },
+        )
+        .await?;
+    }
+    Ok(())
+}
+
 async fn run() -> Result<()> {
     let started = Instant::now();
     println!(
-        "flux-plunger demo: a local control plane, Flux's real helm-controller, flux-plunger."
+        "flux-plunger demo: a real node (kubelet, containerd, controller-manager, scheduler) beside a local \
+         control plane, Flux's real helm-controller, and flux-plunger installed by its chart."
+    );
+    println!(
+        "[{:>5.1}s] starting the control plane and the node (about a minute)",
+        started.elapsed().as_secs_f64()
     );
     let plane = control_plane();
+    node();
     let version = selected_version()?;
+    println!(
+        "[{:>5.1}s] starting helm-controller {version}",
+        started.elapsed().as_secs_f64()
+    );
     helm_controller();
-    let client = plane.client().await?;
-    let ns = TestNamespace::create(&client, "demo").await?;
+    let on = OnNode::new("demo").await?;
+    let ns = on.ns();
     let dir = tempfile::tempdir()?;
     let kubeconfig = dir.path().join("kubeconfig");
     plane.write_kubeconfig(&kubeconfig, &AuthInfo::AdminCertificate)?;
@@ -70,8 +115,9 @@ async fn run() -> Result<()> {
         namespace: ns.name.clone(),
     };
     n.say(&format!(
-        "up: kube-apiserver at {}, helm-controller {version}; namespace {} (kubeconfig {})",
+        "up: kube-apiserver at {}, node {} Ready, helm-controller {version}; namespace {} (kubeconfig {})",
         plane.server,
+        testkit::node::NODE_NAME,
         ns.name,
         kubeconfig.display()
     ));
@@ -79,14 +125,18 @@ async fn run() -> Result<()> {
     n.say("1. A HelmRelease `web` is installed and upgraded by the real helm-controller; then its newest Helm \
            storage revision is left `uninstalling` (as an interrupted uninstall leaves it) and its values change. \
            Helm refuses the upgrade: the release is stuck.");
-    make_stuck(&ns, "web").await?;
+    make_stuck(ns, "web").await?;
     n.show(&["get", "helmrelease", "web"]);
     n.show(&["get", "secrets", "-l", "owner=helm", "-L", "status"]);
 
-    n.say("2. flux-plunger starts. It suspends `web` together with its uninstall fence, records the revision, \
-           deletes the newest storage Secret and lifts both; helm-controller then upgrades.");
-    let flux_plunger = FluxPlunger::start(&ns).await?;
-    wait_until(&ns, "web", "recovered and Ready=True", Observed::is_ready).await?;
+    n.say("2. flux-plunger is installed: `helm install` of its chart, with the image `make image` built. Its pod runs \
+           on the node: the controller, and the drain as a native sidecar.");
+    on.install(&[])?;
+    on.ready_pod(None).await?;
+    n.show(&["get", "pods", "-o", "wide"]);
+    n.say("   The controller suspends `web` together with its uninstall fence, records the revision, deletes the \
+           newest storage Secret and lifts both; helm-controller then upgrades.");
+    wait_until(ns, "web", "recovered and Ready=True", Observed::is_ready).await?;
     n.show(&["get", "helmrelease", "web"]);
     n.show(&["get", "secrets", "-l", "owner=helm", "-L", "status"]);
     n.show(&[
@@ -97,15 +147,17 @@ async fn run() -> Result<()> {
         "-o",
         "custom-columns=TYPE:.type,REASON:.reason,FROM:.reportingController",
     ]);
-    drop(flux_plunger);
 
     n.say("3. The race flux-plunger exists for: a delete that lands while it holds its short suspension. \
-           Here a flux-plunger stopped in the middle of recovering `api`: its suspension and its uninstall fence \
-           are on the release (one server-side apply by manager flux-plunger), and the release is deleted meanwhile.");
-    install(&ns, "api", "hello").await?;
-    apply_as_flux_plunger(&ns, "api", Some(true), true).await?;
+           flux-plunger is scaled to 0 (its pod stops, its drain releases what it held), and `api` is left as a \
+           flux-plunger that died in the middle of recovering it leaves it: its suspension and its uninstall fence \
+           on the release (one server-side apply by manager flux-plunger). Then the release is deleted.");
+    scale(&on, 0).await?;
+    n.show(&["get", "pods"]);
+    install(ns, "api", "hello").await?;
+    apply_as_flux_plunger(ns, "api", Some(true), true).await?;
     wait_until(
-        &ns,
+        ns,
         "api",
         "helm-controller saw the suspension",
         Observed::is_observed,
@@ -120,7 +172,7 @@ async fn run() -> Result<()> {
     ]);
     ns.releases().delete("api", &Default::default()).await?;
     wait_until(
-        &ns,
+        ns,
         "api",
         "helm-controller handled the suspended delete",
         |o| !o.has_helm_controller_finalizer() && o.is_observed(),
@@ -131,12 +183,13 @@ async fn run() -> Result<()> {
     n.show(&["get", "helmrelease", "api", "-o", "custom-columns=NAME:.metadata.name,SUSPEND:.spec.suspend,DELETING:.metadata.deletionTimestamp,FINALIZERS:.metadata.finalizers"]);
     n.show(&["get", "configmaps"]);
 
-    n.say("4. flux-plunger starts again: it lifts its suspension and keeps the fence; helm-controller now handles the \
-           unsuspended generation and runs the Helm uninstall; flux-plunger sees helm-controller's finalizer gone and \
-           the generation observed, and drops the fence.");
-    let flux_plunger = FluxPlunger::start(&ns).await?;
-    wait_gone(&ns, "api").await?;
-    let left = demo_configmap(&ns, "api").await?;
+    n.say("4. flux-plunger is scaled back to 1: its new pod lifts the suspension and keeps the fence; helm-controller \
+           now handles the unsuspended generation and runs the Helm uninstall; flux-plunger sees helm-controller's \
+           finalizer gone and the generation observed, and drops the fence.");
+    scale(&on, 1).await?;
+    n.show(&["get", "pods"]);
+    wait_gone(ns, "api").await?;
+    let left = demo_configmap(ns, "api").await?;
     n.show(&["get", "helmrelease"]);
     n.show(&["get", "configmaps"]);
     n.say(&format!(
@@ -147,18 +200,16 @@ async fn run() -> Result<()> {
             "WAS LEFT BEHIND (unexpected)"
         }
     ));
-    if left.is_some() {
-        for line in flux_plunger
-            .log_text()
-            .lines()
-            .filter(|l| l.contains("api"))
-        {
-            println!("    flux-plunger: {line}");
-        }
-    }
-    drop(flux_plunger);
     anyhow::ensure!(left.is_none(), "the ConfigMap of `api` was orphaned");
-    n.say("done: stopping flux-plunger, helm-controller and the control plane.");
+
+    n.say("5. `helm uninstall` of flux-plunger: its pre-delete hook Job runs in a pod of its own, scales the \
+           Deployment down, waits for the pod, releases any fence left, and helm waits for it.");
+    let uninstalled = on
+        .setup
+        .helm(&["uninstall", &on.release, "--wait", "--timeout=5m"])?;
+    chart_contract::install::succeeded(uninstalled, "helm uninstall")?;
+    n.show(&["get", "jobs,pods,leases"]);
+    n.say("done: stopping helm-controller, the node and the control plane.");
     Ok(())
 }
 
