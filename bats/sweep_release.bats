@@ -118,3 +118,41 @@ EOF
   expect_status 2
   [[ "$stderr" == *'"web" is not NAMESPACE/NAME'* ]]
 }
+
+@test "release refused for good (403) ends at once with a one-line message, nothing written" {
+  release web
+  fence web --suspend
+  before=$(rv web)
+  hook_identity
+  deny clusterrole helmreleases patch
+  started=$SECONDS
+
+  KUBECONFIG=$HOOK_KUBECONFIG run --separate-stderr sweep release "$NS/web"
+
+  expect_status 1
+  expect_output <<<""
+  expect_eq "stderr" "$stderr" "NOT released $NS/web: helmreleases.helm.toolkit.fluxcd.io \"web\" is forbidden: User \"system:serviceaccount:$NS:$HOOK\" cannot patch resource \"helmreleases\" in API group \"helm.toolkit.fluxcd.io\" in the namespace \"$NS\" (403 Forbidden)"
+  # Not retried for the 30 s window: no retry cures a refusal.
+  (( SECONDS - started < 10 ))
+  expect_eq "nothing written" "$(rv web)" "$before"
+}
+
+@test "release and list that cannot read say why in one line" {
+  release web
+  fence web --suspend
+  hook_identity
+  deny clusterrole helmreleases list
+  deny clusterrole helmreleases get
+
+  KUBECONFIG=$HOOK_KUBECONFIG run --separate-stderr sweep list
+
+  expect_status 1
+  expect_output <<<""
+  expect_eq "list: stderr" "$stderr" "could not list HelmReleases: helmreleases.helm.toolkit.fluxcd.io is forbidden: User \"system:serviceaccount:$NS:$HOOK\" cannot list resource \"helmreleases\" in API group \"helm.toolkit.fluxcd.io\" at the cluster scope (403 Forbidden)"
+
+  KUBECONFIG=$HOOK_KUBECONFIG run --separate-stderr sweep release "$NS/web"
+
+  expect_status 1
+  expect_output <<<""
+  expect_eq "release: stderr" "$stderr" "could not read $NS/web: helmreleases.helm.toolkit.fluxcd.io \"web\" is forbidden: User \"system:serviceaccount:$NS:$HOOK\" cannot get resource \"helmreleases\" in API group \"helm.toolkit.fluxcd.io\" in the namespace \"$NS\" (403 Forbidden)"
+}

@@ -69,6 +69,20 @@ app.kubernetes.io/component: controller
 {{- end }}
 
 {{/*
+The scope flags, one per line: the controller watches these releases, and the
+drain and the pre-delete hook release fences only there, so that two installs
+with separate scopes never let go of each other's releases.
+*/}}
+{{- define "flux-plunger.scopeArgs" -}}
+{{- range .Values.controller.watchNamespaces }}
+- --watch-namespace={{ . }}
+{{- end }}
+{{- with .Values.controller.watchLabelSelector }}
+- --watch-label-selector={{ . }}
+{{- end }}
+{{- end }}
+
+{{/*
 Labels of every object. Call with (dict "context" $ "component" "...").
 */}}
 {{- define "flux-plunger.labels" -}}
@@ -219,10 +233,6 @@ tests compare them.
 - uninstalling
 - uninstalled
 - unknown
-- failed
-- pending-install
-- pending-upgrade
-- pending-rollback
 {{- end }}
 
 {{/*

@@ -281,7 +281,11 @@ async fn storage_secrets(
     verdicts: &mut Verdicts,
 ) -> Result<()> {
     apps.create_storage_secret("web", 1, "uninstalling").await?;
-    let helm = [("owner", "helm"), ("name", "web"), ("status", "failed")];
+    let helm = [
+        ("owner", "helm"),
+        ("name", "web"),
+        ("status", "uninstalled"),
+    ];
     let look_alikes = [
         (
             "of another type",
@@ -341,6 +345,27 @@ async fn storage_secrets(
                     helm[1],
                     ("version", "11"),
                     ("status", "superseded"),
+                ],
+            )?,
+        ),
+        (
+            "of a failed revision (helm-controller upgrades it)",
+            storage_like(
+                "sh.helm.release.v1.web.v13",
+                "helm.sh/release.v1",
+                &[helm[0], helm[1], ("version", "13"), ("status", "failed")],
+            )?,
+        ),
+        (
+            "of a pending-upgrade revision (an upgrade in flight)",
+            storage_like(
+                "sh.helm.release.v1.web.v14",
+                "helm.sh/release.v1",
+                &[
+                    helm[0],
+                    helm[1],
+                    ("version", "14"),
+                    ("status", "pending-upgrade"),
                 ],
             )?,
         ),

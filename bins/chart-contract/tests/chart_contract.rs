@@ -234,11 +234,14 @@ fn every_value_set_renders_flags_the_binaries_accept() -> Result<()> {
     }
     assert_eq!(controller.concurrent, 8);
     assert!(controller.dry_run);
-    assert_eq!(controller.watch_namespaces, vec!["apps", "payments"]);
-    assert_eq!(
-        controller.watch_label_selector.as_deref(),
-        Some("team=payments")
-    );
+    // The drain and the hook act within the controller's scope.
+    let scope = plunger::scope::Scope {
+        namespaces: vec!["apps".into(), "payments".into()],
+        label_selector: Some("team=payments".into()),
+    };
+    assert_eq!(controller.scope.scope(), scope);
+    assert_eq!(drain.scope.scope(), scope);
+    assert_eq!(hook.scope.scope(), scope);
     assert_eq!(controller.max_recoveries_per_minute, 12);
     let notification = "http://notification-controller.flux-system.svc.cluster.local./";
     assert_eq!(controller.events.events_addr.as_deref(), Some(notification));

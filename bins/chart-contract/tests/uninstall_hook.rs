@@ -463,3 +463,81 @@ async fn helm_uninstall_fails_while_the_sweep_cannot_remove_a_fence() -> Result<
     );
     Ok(())
 }
+
+#[tokio::test]
+async fn two_installs_side_by_side_each_release_only_the_fences_in_their_own_scope() -> Result<()> {
+    let _turn = testkit::cluster_wide_turn().await;
+    let first = Setup::new("tenant-a-system").await?;
+    let second = Setup::new("tenant-b-system").await?;
+    let apps_a = TestNamespace::create(&first.ns.client, "tenant-a").await?;
+    let apps_b = TestNamespace::create(&first.ns.client, "tenant-b").await?;
+    first.install(&[
+        "--set",
+        &format!("controller.watchNamespaces={{{}}}", apps_a.name),
+    ])?;
+    second.install(&[
+        "--set",
+        &format!("controller.watchNamespaces={{{}}}", apps_b.name),
+    ])?;
+    held_release(&apps_a, "web").await?;
+    held_release(&apps_b, "web").await?;
+
+    let uninstall = tokio::process::Command::from(first.helm_command(&[
+        "uninstall",
+        first.release(),
+        "--timeout",
+        "120s",
+    ])?)
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .kill_on_drop(true)
+    .spawn()?;
+    let hook = run_hook_job(&first, &[]).await?;
+    let helm = tokio::time::timeout(Duration::from_secs(120), uninstall.wait_with_output())
+        .await
+        .context("helm uninstall did not end")??;
+    let other_tenant = view(&apps_b, "web").await?;
+    // The second install is still there, holding its release: leave no fence
+    // or Deployment to the next cluster-wide test, whatever is asserted below.
+    testkit::strip_fences(&apps_b).await?;
+    chart_contract::install::succeeded(
+        second.helm(&["uninstall", second.release(), "--no-hooks"])?,
+        "helm uninstall of the second install",
+    )?;
+
+    assert!(hook.status.success(), "{:?}", hook.status);
+    assert_eq!(
+        lines(&hook.stdout),
+        vec![
+            format!(
+                "scaled Deployment {}/{} to 0",
+                first.ns.name,
+                first.fullname()
+            ),
+            format!("released {}/web", apps_a.name),
+            "released 1 of 1 fenced HelmReleases, 0 without an uninstall".to_owned(),
+            "every fence was released".to_owned(),
+        ]
+    );
+    assert!(
+        helm.status.success(),
+        "{}",
+        String::from_utf8_lossy(&helm.stderr)
+    );
+    let released = view(&apps_a, "web").await?;
+    assert!(
+        !released.suspend,
+        "the first tenant's suspension was lifted"
+    );
+    assert_eq!(released.finalizers, vec![HELM_CONTROLLER_FINALIZER]);
+    assert!(
+        other_tenant.suspended_by_us(),
+        "the second install's suspension is still held"
+    );
+    assert_eq!(
+        other_tenant.finalizers,
+        vec![HELM_CONTROLLER_FINALIZER, FENCE_FINALIZER],
+        "the second install's fence is still held"
+    );
+    Ok(())
+}

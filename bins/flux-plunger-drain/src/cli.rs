@@ -2,6 +2,7 @@
 
 use clap::Parser;
 use plunger::cli::{EventsArgs, GraceArgs, KubeArgs, LeaseArgs, LogArgs};
+use plunger::scope::ScopeArgs;
 
 /// Drains flux-plunger's uninstall fences when its pod stops.
 ///
@@ -24,6 +25,9 @@ pub struct Args {
     pub grace: GraceArgs,
     #[command(flatten)]
     pub events: EventsArgs,
+    /// The controller's scope: only fences there are drained.
+    #[command(flatten)]
+    pub scope: ScopeArgs,
     /// How many releases are drained at once.
     #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..=256))]
     pub concurrent: u16,

@@ -6,7 +6,7 @@ use anyhow::Result;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use plunger::lease::{Attempt, LeaseLock};
-use plunger::names::HELM_CONTROLLER_FINALIZER;
+use plunger::names::{FENCE_FINALIZER, HELM_CONTROLLER_FINALIZER};
 use plunger::release::ReleaseView;
 use serde_json::json;
 use testkit::process::LoggedProcess;
@@ -24,6 +24,11 @@ struct Sidecar {
 /// ServiceAccount, its admission guard, its Lease) and waits until it idles,
 /// signal handlers installed.
 async fn start(ns: &TestNamespace, grace: &str) -> Result<Sidecar> {
+    start_with(ns, grace, &[]).await
+}
+
+/// [`start`] with extra flags.
+async fn start_with(ns: &TestNamespace, grace: &str, extra: &[String]) -> Result<Sidecar> {
     let dir = tempfile::tempdir()?;
     let kubeconfig = dir.path().join("kubeconfig");
     ns.guarded()
@@ -34,6 +39,7 @@ async fn start(ns: &TestNamespace, grace: &str) -> Result<Sidecar> {
         .arg(format!("--kubeconfig={}", kubeconfig.display()))
         .arg(format!("--shutdown-grace-period-seconds={grace}"))
         .arg("--log-encoding=console")
+        .args(extra)
         .env("POD_NAME", POD)
         .env("POD_NAMESPACE", &ns.name)
         .env_remove("RUST_LOG");
@@ -293,5 +299,115 @@ async fn a_grace_period_out_of_range_or_fractional_is_refused_with_the_flag_name
             "{bad}: {stderr}"
         );
     }
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_fence_another_manager_also_lists_is_released_and_the_log_says_so_truthfully()
+-> Result<()> {
+    let _turn = testkit::cluster_wide_turn().await;
+    let (ns, hc) = setup("drain-foreign-fence").await?;
+    installed(&ns, &hc, "web").await?;
+    // A hand edit lists the fence under its own manager (a merge patch of the
+    // whole list), and flux-plunger's recovery holds it too.
+    let params = PatchParams {
+        field_manager: Some("kubectl-patch".into()),
+        ..Default::default()
+    };
+    ns.releases()
+        .patch(
+            "web",
+            &params,
+            &Patch::Merge(
+                json!({"metadata": {"finalizers": [HELM_CONTROLLER_FINALIZER, FENCE_FINALIZER]}}),
+            ),
+        )
+        .await?;
+    ns.apply_as_flux_plunger("web", true).await?;
+    lead(&ns, POD).await?;
+
+    // G = 40 s: a fence that never goes ends the drain at 15 s.
+    let sidecar = start(&ns, "40").await?;
+    let (status, log, _) = sidecar.terminate().await?;
+
+    assert!(status.success(), "{status:?}");
+    assert!(log.contains("drain complete: no fence left"), "{log}");
+    let web = view(&ns, "web").await?.unwrap();
+    assert!(!web.suspend, "the suspension was lifted");
+    assert_eq!(web.finalizers, vec![HELM_CONTROLLER_FINALIZER]);
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_scoped_drain_releases_only_the_fences_in_its_namespaces_and_selector() -> Result<()> {
+    let _turn = testkit::cluster_wide_turn().await;
+    let (ours, hc) = setup("drain-scope").await?;
+    let theirs = TestNamespace::create(&ours.client, "drain-other-tenant").await?;
+    let their_hc = SimulatedHelmController::new(ours.client.clone(), &theirs.name);
+    for name in ["in-scope", "unlabelled"] {
+        installed(&ours, &hc, name).await?;
+        ours.apply_as_flux_plunger(name, true).await?;
+    }
+    ours.releases()
+        .patch(
+            "in-scope",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"tenant": "a"}}})),
+        )
+        .await?;
+    installed(&theirs, &their_hc, "held").await?;
+    theirs.apply_as_flux_plunger("held", true).await?;
+    theirs
+        .releases()
+        .patch(
+            "held",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"tenant": "a"}}})),
+        )
+        .await?;
+    lead(&ours, POD).await?;
+
+    let sidecar = start_with(
+        &ours,
+        "90",
+        &[
+            format!("--watch-namespace={}", ours.name),
+            "--watch-label-selector=tenant=a".to_owned(),
+        ],
+    )
+    .await?;
+    let (status, log, _) = sidecar.terminate().await?;
+    let left_alone = [
+        view(&ours, "unlabelled").await?.unwrap(),
+        view(&theirs, "held").await?.unwrap(),
+    ];
+    testkit::strip_fences(&ours).await?;
+    testkit::strip_fences(&theirs).await?;
+
+    assert!(status.success(), "{status:?}");
+    assert!(log.contains("drain complete: no fence left"), "{log}");
+    let in_scope = view(&ours, "in-scope").await?.unwrap();
+    assert!(!in_scope.suspend && !in_scope.has_fence());
+    for release in left_alone {
+        assert!(
+            release.suspended_by_us() && release.has_fence(),
+            "{} is another install's to release",
+            release.key()
+        );
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn console_logs_written_to_a_pipe_carry_no_colour_codes() -> Result<()> {
+    // Nobody leads in this namespace: the drain reads the Lease and ends.
+    let (ns, _) = setup("drain-console").await?;
+
+    let sidecar = start(&ns, "90").await?;
+    let (status, log, _) = sidecar.terminate().await?;
+
+    assert!(status.success(), "{status:?}");
+    assert!(log.contains("not the last leader"), "{log}");
+    assert!(!log.contains('\u{1b}'), "escape codes in a pipe: {log:?}");
     Ok(())
 }

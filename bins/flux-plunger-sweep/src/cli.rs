@@ -2,6 +2,7 @@
 
 use clap::{Args as ClapArgs, Parser, Subcommand, ValueEnum};
 use plunger::cli::{GraceArgs, KubeArgs, LogArgs};
+use plunger::scope::ScopeArgs;
 
 /// Releases flux-plunger's uninstall fences: the chart's pre-delete hook (the
 /// default command), and operator commands to list and release leftovers.
@@ -70,6 +71,9 @@ pub struct HookArgs {
     /// The leader Lease, removed once no flux-plunger pod is left.
     #[arg(long, default_value = "flux-plunger", value_name = "NAME")]
     pub leader_election_lease_name: String,
+    /// The controller's scope: only fences there are released.
+    #[command(flatten)]
+    pub scope: ScopeArgs,
     #[command(flatten)]
     pub grace: GraceArgs,
 }

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use plunger::release::{ReleaseView, helmreleases};
 use plunger::sweep::{
-    self, Budget, HookConfig, NotReleased, ReleasePlan, Row, Suspension, Uninstall,
+    self, Budget, HookConfig, NotReleased, Refusals, ReleasePlan, Row, Suspension, Uninstall,
 };
 
 use crate::cli::{Command, HookArgs, ListArgs, Output, ReleaseArgs};
@@ -39,6 +39,7 @@ async fn hook(args: HookArgs) -> anyhow::Result<ExitCode> {
         deployment: args.deployment,
         pod_selector: args.pod_selector,
         lease: args.leader_election_lease_name,
+        scope: args.scope.scope(),
         retry_window: plunger::test_hooks::hook_retry_window_override()
             .unwrap_or(timings.hook_retry_window),
         pod_wait: plunger::test_hooks::hook_pod_wait_override().unwrap_or(timings.hook_pod_wait),
@@ -74,7 +75,13 @@ fn suspension_text(s: Suspension) -> &'static str {
 async fn list(args: ListArgs) -> anyhow::Result<ExitCode> {
     args.log.init();
     let client = args.kube.client().await?;
-    let rows = sweep::list_rows(&client).await?;
+    let rows = match sweep::list_rows(&client).await {
+        Ok(rows) => rows,
+        Err(err) => {
+            eprintln!("could not list HelmReleases: {}", sweep::describe(&err));
+            return Ok(ExitCode::FAILURE);
+        }
+    };
     let mut out = std::io::stdout().lock();
     match args.output {
         Output::Json => writeln!(out, "{}", serde_json::to_string_pretty(&rows)?)?,
@@ -125,12 +132,16 @@ async fn release(args: ReleaseArgs) -> anyhow::Result<ExitCode> {
     let client = args.kube.client().await?;
     let (namespace, name) = &args.release;
     let key = format!("{namespace}/{name}");
-    let Some(object) = helmreleases(client.clone(), namespace)
-        .get_opt(name)
-        .await?
-    else {
-        eprintln!("HelmRelease {key} not found");
-        return Ok(ExitCode::FAILURE);
+    let object = match helmreleases(client.clone(), namespace).get_opt(name).await {
+        Ok(Some(object)) => object,
+        Ok(None) => {
+            eprintln!("HelmRelease {key} not found");
+            return Ok(ExitCode::FAILURE);
+        }
+        Err(err) => {
+            eprintln!("could not read {key}: {}", sweep::describe(&err));
+            return Ok(ExitCode::FAILURE);
+        }
     };
     let release = ReleaseView::from_object(&object);
     let plan = ReleasePlan::of(&release);
@@ -151,7 +162,7 @@ async fn release(args: ReleaseArgs) -> anyhow::Result<ExitCode> {
         Uninstall::MustNotSkip
     };
     let budget = Budget::from_now(RELEASE_RETRY_WINDOW, RELEASE_FINISH_MARGIN);
-    match sweep::release_with_retry(&client, release, budget, uninstall).await {
+    match sweep::release_with_retry(&client, release, budget, uninstall, Refusals::End).await {
         Ok(released) if released.without_uninstall => {
             println!("released {key} WITHOUT an uninstall, as asked");
             Ok(ExitCode::SUCCESS)

@@ -4,6 +4,7 @@ use std::net::SocketAddr;
 
 use clap::{ArgAction, Parser};
 use plunger::cli::{EventsArgs, GraceArgs, KubeArgs, LeaseArgs, LogArgs, parse_listen_addr};
+use plunger::scope::ScopeArgs;
 
 /// Recovers Flux HelmReleases stuck with "has no deployed releases".
 ///
@@ -50,12 +51,9 @@ pub struct Args {
     /// nothing to any HelmRelease or Secret.
     #[arg(long)]
     pub dry_run: bool,
-    /// Watch only this namespace; repeat for several. All namespaces when unset.
-    #[arg(long = "watch-namespace", value_name = "NAMESPACE")]
-    pub watch_namespaces: Vec<String>,
-    /// Watch only HelmReleases matching this label selector.
-    #[arg(long, value_name = "SELECTOR")]
-    pub watch_label_selector: Option<String>,
+    /// Which HelmReleases are watched.
+    #[command(flatten)]
+    pub scope: ScopeArgs,
     /// Start at most this many recoveries per minute (a burst up to it, then
     /// evenly spread); 0 means no limit.
     #[arg(long, default_value_t = 0, value_name = "N")]

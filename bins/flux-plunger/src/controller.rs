@@ -21,6 +21,7 @@ use plunger::names::{
 };
 use plunger::reconcile::{Outcome, Reconciler};
 use plunger::release::{ReleaseView, helmrelease_resource};
+use plunger::scope::Scope;
 
 use crate::metrics::Metrics;
 use crate::server::Readiness;
@@ -164,12 +165,9 @@ async fn reconcile(object: Arc<DynamicObject>, ctx: Arc<Context>) -> Result<Acti
         .remove(&key);
     ctx.metrics.observe(&outcome);
     tracing::debug!(release = %format!("{namespace}/{name}"), ?outcome, "reconciled");
-    Ok(match outcome {
-        Outcome::FenceHeld { recheck } => Action::requeue(recheck),
-        Outcome::RateLimited { retry_after } => Action::requeue(retry_after),
-        // Deleting a Secret wakes no watch: decide again at once.
-        Outcome::ReclaimedUninstalled { .. } => Action::requeue(Duration::ZERO),
-        _ => Action::await_change(),
+    Ok(match outcome.recheck_after() {
+        Some(after) => Action::requeue(after),
+        None => Action::await_change(),
     })
 }
 
@@ -181,14 +179,14 @@ fn error_policy(object: Arc<DynamicObject>, error: &Error, ctx: Arc<Context>) ->
         *count = count.saturating_add(1);
         *count
     };
-    let kind = if error.is_conflict() {
+    let kind = if error.is_stale_write() {
         "conflict"
     } else {
         error.kind()
     };
     ctx.metrics.observe_error(kind);
     let delay = backoff(failures);
-    if error.is_conflict() {
+    if error.is_stale_write() {
         tracing::info!(error = %error, retry_in = ?delay, "a write raced another writer; reading again");
     } else {
         tracing::warn!(error = %error, retry_in = ?delay, "reconcile failed");
@@ -208,34 +206,13 @@ pub fn refresh_gauges(stores: &[Store<DynamicObject>], metrics: &Metrics) {
     metrics.suspensions_held.set(suspensions);
 }
 
-/// Which HelmReleases the controller watches.
-#[derive(Debug, Clone, Default)]
-pub struct Scope {
-    /// Empty: every namespace.
-    pub namespaces: Vec<String>,
-    pub label_selector: Option<String>,
-}
-
-impl Scope {
-    fn apis(&self, client: &Client) -> Vec<kube::Api<Trimmed>> {
-        let resource = helmrelease_resource();
-        if self.namespaces.is_empty() {
-            return vec![kube::Api::all_with(client.clone(), &resource)];
-        }
-        self.namespaces
-            .iter()
-            .map(|ns| kube::Api::namespaced_with(client.clone(), ns, &resource))
-            .collect()
-    }
-
-    fn watcher_config(&self) -> watcher::Config {
-        // Smaller listing pages than the default 500: each page is read
-        // whole before it is decoded, so the page bounds the memory peak.
-        let config = watcher::Config::default().page_size(WATCH_PAGE_SIZE);
-        match &self.label_selector {
-            Some(selector) => config.labels(selector),
-            None => config,
-        }
+/// The watch's listing pages: smaller than the default 500, as each page is
+/// read whole before it is decoded, so the page bounds the memory peak.
+fn watcher_config(scope: &Scope) -> watcher::Config {
+    let config = watcher::Config::default().page_size(WATCH_PAGE_SIZE);
+    match &scope.label_selector {
+        Some(selector) => config.labels(selector),
+        None => config,
     }
 }
 
@@ -256,12 +233,12 @@ pub async fn run(
     let shutdown = shutdown.boxed().shared();
     let mut stores = Vec::new();
     let mut controllers = Vec::new();
-    for api in scope.apis(&client) {
+    for api in scope.apis::<Trimmed>(&client) {
         let writer = reflector::store::Writer::new(resource.clone());
         let store = writer.as_reader();
         stores.push(store.clone());
         // Decoded straight into the trimmed form (see `watched`).
-        let stream = watcher(api, scope.watcher_config())
+        let stream = watcher(api, watcher_config(&scope))
             .map_ok(|event| match event {
                 watcher::Event::Apply(Trimmed(o)) => watcher::Event::Apply(o),
                 watcher::Event::Delete(Trimmed(o)) => watcher::Event::Delete(o),

@@ -118,7 +118,7 @@ impl Metrics {
             return;
         }
         let result = match outcome {
-            Outcome::Recovered { .. } => "recovered",
+            Outcome::Recovered { .. } | Outcome::RecoveredThenDeleted { .. } => "recovered",
             Outcome::Deferred => "deferred",
             Outcome::Skipped(_) => "skipped",
             Outcome::AbortedForDelete { .. } => "aborted_for_delete",

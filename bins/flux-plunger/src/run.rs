@@ -13,7 +13,7 @@ use plunger::timings::Timings;
 use tokio::sync::watch;
 
 use crate::cli::Args;
-use crate::controller::{self, Context, Scope};
+use crate::controller::{self, Context};
 use crate::metrics::Metrics;
 use crate::server::{self, Readiness};
 
@@ -37,6 +37,13 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     // Fail loudly (and be restarted) rather than run blind: nothing below can
     // work without the apiserver.
     let client = args.kube.answering_client(APISERVER_PATIENCE).await?;
+    let scope = args.scope.scope();
+    // A selector the apiserver refuses fails every listing of the watch, and
+    // /readyz would stay 503 for good: exit with the apiserver's reason
+    // instead, where the pod's status shows it.
+    if let Err(why) = scope.check_selector(&client).await {
+        bail!(why);
+    }
     let identity = args.lease.identity();
     let metrics = Arc::new(Metrics::default());
     let readiness = Readiness::default();
@@ -89,10 +96,6 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     let reconciler = Reconciler::new(client.clone(), events, timings)
         .with_controls(controls)
         .with_test_hooks_from_env();
-    let scope = Scope {
-        namespaces: args.watch_namespaces.clone(),
-        label_selector: args.watch_label_selector.clone(),
-    };
     let ctx = Arc::new(Context::new(reconciler, metrics.clone()));
     let (stores_tx, stores_rx) = tokio::sync::oneshot::channel();
     let mut controller_stop = stop_rx.clone();
@@ -114,10 +117,20 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         }));
     }
 
-    let stop = *stop_rx
-        .wait_for(|s| *s != Stop::Running)
-        .await
-        .context("the stop channel closed")?;
+    let mut controller_task = controller_task;
+    let stop = tokio::select! {
+        stop = stop_rx.wait_for(|s| *s != Stop::Running) => *stop.context("the stop channel closed")?,
+        ended = &mut controller_task => {
+            // Nothing is watched or reconciled any more, yet the Lease and
+            // the probes would go on: exit, so that the kubelet restarts the
+            // container and the next leader takes over.
+            match ended {
+                Ok(()) => tracing::error!("the controller stopped on its own"),
+                Err(err) => tracing::error!(error = %err, "the controller task failed"),
+            }
+            return Ok(ExitCode::FAILURE);
+        }
+    };
     match stop {
         Stop::LostLease => {
             controller_task.abort();
@@ -128,7 +141,6 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         }
         Stop::Signal | Stop::Running => {
             let started = Instant::now();
-            let mut controller_task = controller_task;
             match tokio::time::timeout(timings.controller_stop_bound, &mut controller_task).await {
                 Ok(_) => {
                     tracing::info!(took = ?started.elapsed(), "stopped; the Lease is kept for the drain")

@@ -331,3 +331,71 @@ async fn a_delete_while_the_process_holds_its_suspension_still_reaches_the_unins
     assert_eq!(hc.decisions_for("web").last(), Some(&Handled::Uninstalled));
     Ok(())
 }
+
+#[tokio::test]
+async fn a_label_selector_the_apiserver_refuses_stops_the_controller_at_start_with_its_reason()
+-> Result<()> {
+    let client = control_plane().client().await?;
+    let ns = TestNamespace::create(&client, "bad-selector").await?;
+    let dir = tempfile::tempdir()?;
+    let kubeconfig = dir.path().join("kubeconfig");
+    ns.guarded()
+        .await?
+        .write_controller_kubeconfig(&kubeconfig)?;
+    let output = Command::new(env!("CARGO_BIN_EXE_flux-plunger"))
+        .arg(format!("--kubeconfig={}", kubeconfig.display()))
+        .args([
+            "--leader-elect=false",
+            "--metrics-addr=127.0.0.1:0",
+            "--health-addr=127.0.0.1:0",
+            "--watch-label-selector=team in (a",
+        ])
+        .env_remove("POD_NAME")
+        .env_remove("POD_NAMESPACE")
+        .kill_on_drop(true)
+        .output();
+    let output = tokio::time::timeout(Duration::from_secs(30), output)
+        .await
+        .context("the controller kept running with a selector every listing refuses")??;
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    let last = stderr.lines().last().unwrap_or_default();
+    assert!(
+        last.starts_with(
+            "flux-plunger: --watch-label-selector \"team in (a\" is refused by the apiserver: "
+        ) && last.contains("unable to parse requirement"),
+        "{stderr}"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_controller_whose_work_ends_unexpectedly_exits_non_zero() -> Result<()> {
+    let client = control_plane().client().await?;
+    let ns = TestNamespace::create(&client, "controller-ends").await?;
+    let hc = SimulatedHelmController::new(client.clone(), &ns.name);
+    let guarded = ns.guarded().await?;
+    let mut running = start(
+        &guarded,
+        &[
+            "--leader-elect=false",
+            &format!("--watch-namespace={}", ns.name),
+        ],
+        &[("FLUX_PLUNGER_TEST_PANIC_AT", "planned")],
+    )
+    .await?;
+    wait_ready(&running).await?;
+    ns.create_release("web", json!({})).await?;
+    hc.handle("web").await?;
+    ns.create_storage_secret("web", 1, "uninstalling").await?;
+    ns.mark_stuck("web").await?;
+
+    let status = tokio::time::timeout(Duration::from_secs(30), running.child.wait())
+        .await
+        .context(
+            "the controller kept running (and its Lease, and /healthz) with nothing reconciling",
+        )??;
+
+    assert!(!status.success(), "{status:?}");
+    Ok(())
+}

@@ -19,8 +19,9 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use kube::api::{Patch, PatchParams};
 use plunger::names::{
-    FENCE_FINALIZER, FIELD_MANAGER, HELMRELEASE_API_VERSION, HELMRELEASE_KIND,
-    PROCESSED_VERSION_ANNOTATION, RECONCILE_REQUEST_PREFIX, RECONCILE_REQUESTED_AT_ANNOTATION,
+    FENCE_FINALIZER, FIELD_MANAGER, HELM_CONTROLLER_FINALIZER, HELMRELEASE_API_VERSION,
+    HELMRELEASE_KIND, PROCESSED_VERSION_ANNOTATION, RECONCILE_REQUEST_PREFIX,
+    RECONCILE_REQUESTED_AT_ANNOTATION,
 };
 use plunger::reconcile::Step;
 use plunger::release::ReleaseView;
@@ -61,6 +62,10 @@ enum Scenario {
     /// let go unsuspended without an uninstall (its history was empty): the
     /// history handed over, the reconcile request, the fence drop.
     DeletedUnsuspended,
+    /// Our fence on a live release, listed by another manager too (a hand
+    /// edit): the fence drop gives up our claim, and the guarded patch
+    /// removes the copy the other manager holds.
+    ForeignFence,
 }
 
 /// One crash: the scenario, the point (as `FLUX_PLUNGER_TEST_PAUSE_AT` lists
@@ -90,6 +95,7 @@ macro_rules! crash_cases {
 use Scenario::*;
 
 crash_cases! {
+    recovery_planned: Recovery, at "planned", state "live stuck-secret";
     recovery_before_acquire: Recovery, at "before-acquire", state "live stuck-secret";
     recovery_acquired_before_annotate: Recovery, at "acquired", state "live suspended fenced stuck-secret";
     recovery_annotated: Recovery, at "annotated", state "live suspended fenced annotated stuck-secret";
@@ -126,6 +132,9 @@ crash_cases! {
     foreign_suspension_after_drop_fence: ForeignSuspension, at "after-drop-fence", state "live history";
     foreign_suspension_deleted_before_drop_fence: ForeignSuspensionDeleted, at "before-drop-fence", state "terminating fenced history";
     foreign_suspension_deleted_after_drop_fence: ForeignSuspensionDeleted, at "after-drop-fence", state "gone";
+
+    foreign_fence_before_guarded_patch: ForeignFence, at "before-guarded-patch", state "live fenced";
+    foreign_fence_after_guarded_patch: ForeignFence, at "after-guarded-patch", state "live";
 }
 
 #[test]
@@ -165,8 +174,24 @@ async fn crash_at(case: &Case) -> Result<()> {
                 ns.releases().delete(RELEASE, &Default::default()).await?;
             }
         }
+        ForeignFence => {
+            // A hand edit lists the fence (`kubectl patch --type merge`),
+            // and an earlier flux-plunger's claim on it is left.
+            let params = PatchParams {
+                field_manager: Some("kubectl-patch".into()),
+                ..Default::default()
+            };
+            ns.releases()
+                .patch(
+                    RELEASE,
+                    &params,
+                    &Patch::Merge(json!({"metadata": {"finalizers": [HELM_CONTROLLER_FINALIZER, FENCE_FINALIZER]}})),
+                )
+                .await?;
+            ns.apply_as_flux_plunger(RELEASE, false).await?;
+        }
         Recovery | ForcedRecovery | DeletedAt(_) | DeletedUnsuspended => {
-            ns.create_storage_secret(RELEASE, 1, "failed").await?;
+            ns.create_storage_secret(RELEASE, 1, "unknown").await?;
             ns.create_storage_secret(RELEASE, 2, "uninstalling").await?;
             if case.scenario == ForcedRecovery {
                 // An Update owning `false`: the unforced acquire conflicts.
@@ -227,7 +252,7 @@ async fn crash_at(case: &Case) -> Result<()> {
             reclaimed_secrets: vec![BELOW.into(), STUCK.into()],
             ..Default::default()
         },
-        ForeignSuspension => Settled {
+        ForeignSuspension | ForeignFence => Settled {
             live: vec![RELEASE.into()],
             ..Default::default()
         },

@@ -1,4 +1,5 @@
-//! The one write primitive (SPEC §3), the annotation patch, and the two
+//! The one write primitive (SPEC §3), the annotation patch, the guarded
+//! JSON patch that lets go of what an apply cannot give up, and the two
 //! writes that hand a release being deleted to helm-controller's uninstall
 //! (SPEC §5a, §5d): its history, and a reconcile request. Nothing else in
 //! flux-plunger writes a HelmRelease.
@@ -90,6 +91,72 @@ pub async fn apply(
             &params,
             &Patch::Apply(apply_body(release, claim)),
         )
+        .await
+}
+
+/// The guarded JSON patch: `test` ops pin the `resourceVersion` and `uid`
+/// read, then `spec.suspend` is removed behind a `test` that it is still
+/// `true` (with `lift_suspension`), and the fence at each of
+/// `fence_indices` behind a `test` that the index still holds it, highest
+/// first so that the lower ones stay valid, and the fence's label with them
+/// (`remove_label`: the label goes with the fence). A JSON patch removes a value
+/// whoever owns it, where an apply only gives up its own claim; it is the way
+/// to let go of what another manager also holds, and the sweep's only write
+/// (an apply would take over the fields of a release last written by a
+/// client-side `kubectl apply`).
+pub fn guarded_patch(
+    release: &ReleaseView,
+    lift_suspension: bool,
+    fence_indices: &[usize],
+    remove_label: bool,
+) -> Value {
+    let mut ops = vec![
+        json!({"op": "test", "path": "/metadata/resourceVersion", "value": release.resource_version}),
+        json!({"op": "test", "path": "/metadata/uid", "value": release.uid}),
+    ];
+    if lift_suspension {
+        ops.push(json!({"op": "test", "path": "/spec/suspend", "value": true}));
+        ops.push(json!({"op": "remove", "path": "/spec/suspend"}));
+    }
+    let mut indices = fence_indices.to_vec();
+    indices.sort_unstable();
+    for index in indices.iter().rev() {
+        let path = format!("/metadata/finalizers/{index}");
+        ops.push(json!({"op": "test", "path": path, "value": FENCE_FINALIZER}));
+        ops.push(json!({"op": "remove", "path": path}));
+    }
+    if remove_label {
+        // A JSON pointer spells the label's `/` as `~1`.
+        let path = format!("/metadata/labels/{}", FENCE_LABEL.replace('/', "~1"));
+        ops.push(json!({"op": "remove", "path": path}));
+    }
+    Value::Array(ops)
+}
+
+/// Sends [`guarded_patch`] for `release` as read, as `field_manager`. A
+/// failed `test` (the release changed since the read) is refused with 422
+/// and changes nothing (`error::is_failed_guard`).
+pub async fn patch_guarded(
+    client: &Client,
+    release: &ReleaseView,
+    lift_suspension: bool,
+    fence_indices: &[usize],
+    remove_label: bool,
+    field_manager: &str,
+) -> kube::Result<DynamicObject> {
+    let patch: json_patch::Patch = serde_json::from_value(guarded_patch(
+        release,
+        lift_suspension,
+        fence_indices,
+        remove_label,
+    ))
+    .map_err(kube::Error::SerdeError)?;
+    let params = PatchParams {
+        field_manager: Some(field_manager.to_owned()),
+        ..PatchParams::default()
+    };
+    helmreleases(client.clone(), &release.namespace)
+        .patch(&release.name, &params, &Patch::<()>::Json(patch))
         .await
 }
 
@@ -251,6 +318,31 @@ mod tests {
         assert!(body["metadata"].get("labels").is_none());
         assert_eq!(body["metadata"]["uid"], "u-1");
         assert_eq!(body["metadata"]["resourceVersion"], "42");
+    }
+
+    #[test]
+    fn the_guarded_patch_pins_the_read_and_removes_every_fence_from_the_highest_index() {
+        assert_eq!(
+            guarded_patch(&release(), true, &[2, 0], true),
+            json!([
+                {"op": "test", "path": "/metadata/resourceVersion", "value": "42"},
+                {"op": "test", "path": "/metadata/uid", "value": "u-1"},
+                {"op": "test", "path": "/spec/suspend", "value": true},
+                {"op": "remove", "path": "/spec/suspend"},
+                {"op": "test", "path": "/metadata/finalizers/2", "value": FENCE_FINALIZER},
+                {"op": "remove", "path": "/metadata/finalizers/2"},
+                {"op": "test", "path": "/metadata/finalizers/0", "value": FENCE_FINALIZER},
+                {"op": "remove", "path": "/metadata/finalizers/0"},
+                {"op": "remove", "path": "/metadata/labels/flux-plunger.cozystack.io~1uninstall-fence"},
+            ])
+        );
+        assert_eq!(
+            guarded_patch(&release(), false, &[], false),
+            json!([
+                {"op": "test", "path": "/metadata/resourceVersion", "value": "42"},
+                {"op": "test", "path": "/metadata/uid", "value": "u-1"},
+            ])
+        );
     }
 
     #[test]

@@ -139,8 +139,11 @@ impl LogArgs {
         });
         let filter = tracing_subscriber::EnvFilter::try_new(directives)
             .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        // Colours only for a person at a terminal: in a file, a pipe or
+        // `kubectl logs` the escape codes would be noise.
         let builder = tracing_subscriber::fmt()
             .with_env_filter(filter)
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
             .with_writer(std::io::stderr);
         // A second init (tests) is harmless: keep the first subscriber.
         let _ = match self.log_encoding {

@@ -467,6 +467,8 @@ pub enum SkipReason {
     StatusDoesNotExplain { latest: u64, status: String },
     /// The release lives in a remote cluster that cannot be reached or used.
     RemoteClusterUnusable { why: String },
+    /// Read again right before the acquire, the release was no longer stuck.
+    NoLongerStuck,
 }
 
 /// Chooses the revision to reclaim: the newest one, unless it is the one
@@ -503,23 +505,18 @@ pub fn plan_recovery(release: &ReleaseView, revisions: &[StorageRevision]) -> Re
     RecoveryPlan::Reclaim(latest.clone())
 }
 
-/// Whether a newest revision in `status` explains "has no deployed releases".
-/// Helm refuses an upgrade when the newest revision is not `deployed` and no
-/// revision is: from `uninstalling`, `uninstalled` and `unknown` (seen with
-/// the real helm-controller), and from `failed` or `pending-*` ones when no
-/// deployed revision is left behind them. A `superseded` newest revision, or a
-/// status Helm does not write, does not explain it: leave such storage alone.
+/// Whether a newest revision in `status` explains "has no deployed releases"
+/// that helm-controller will not get past by itself: `uninstalling`,
+/// `uninstalled` and `unknown`, the statuses the real helm-controller
+/// (v1.4.0, v1.6.1, v1.6.4) was seen to leave stuck for good. A newest
+/// `failed` or `superseded` revision it upgrades, and a `pending-*` one it
+/// first unlocks (marks `failed`) and then upgrades; a `pending-upgrade`
+/// revision is also what an upgrade in flight looks like, right after a
+/// recovery, under the number just reclaimed. Reclaiming any of these would
+/// at best do helm-controller's work and at worst delete a release being
+/// written. A status Helm does not write explains nothing either.
 pub fn status_explains_stuck(status: &str) -> bool {
-    matches!(
-        status,
-        "uninstalling"
-            | "uninstalled"
-            | "unknown"
-            | "failed"
-            | "pending-install"
-            | "pending-upgrade"
-            | "pending-rollback"
-    )
+    matches!(status, "uninstalling" | "uninstalled" | "unknown")
 }
 
 /// The revision just below `target`, whose uid the annotation records.
@@ -533,14 +530,36 @@ pub fn revision_below<'a>(
         .max_by_key(|r| r.revision)
 }
 
+/// SPEC §4.8: what the acquire's fresh read allows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MayAcquire {
+    /// Take the suspension and the fence.
+    Take,
+    /// Deleted, or suspended by someone, meanwhile: not ours to take.
+    NotOurs,
+    /// No longer stuck (helm-controller got past it, or started an upgrade
+    /// after an earlier recovery): the storage listed before may be stale.
+    NoLongerStuck,
+}
+
 /// SPEC §4.8: may we take the suspension, given a fresh read? Only from a
-/// live release that nobody has suspended. Asked twice: before the unforced
-/// apply, and again after it conflicted, before forcing. The second time a
-/// conflict with `spec.suspend` still false means an owner of `false` (a
-/// backup controller's Update), which an unforced apply can never take over;
-/// a `true` set meanwhile is somebody's suspension and is never taken.
-pub fn may_take_suspension(release: &ReleaseView) -> bool {
-    !release.terminating && !release.suspend
+/// live release that nobody has suspended, and that is still stuck: the
+/// pass decided on a read taken before the storage listing, and the stuck
+/// condition may have cleared since (right after a recovery helm-controller
+/// starts an upgrade whose in-flight revision must never be reclaimed).
+/// Asked twice: before the unforced apply, and again after it conflicted,
+/// before forcing. The second time a conflict with `spec.suspend` still false
+/// means an owner of `false` (a backup controller's Update), which an
+/// unforced apply can never take over; a `true` set meanwhile is somebody's
+/// suspension and is never taken.
+pub fn may_take_suspension(release: &ReleaseView) -> MayAcquire {
+    if release.terminating || release.suspend {
+        MayAcquire::NotOurs
+    } else if !release.is_stuck() || release.recovery_disabled() {
+        MayAcquire::NoLongerStuck
+    } else {
+        MayAcquire::Take
+    }
 }
 
 /// Whether a release read again mid-recovery is still the one we hold: the
@@ -548,6 +567,113 @@ pub fn may_take_suspension(release: &ReleaseView) -> bool {
 /// that met a 409 be sent again instead of undoing the recovery.
 pub fn still_held(release: &ReleaseView, uid: &str) -> bool {
     release.uid == uid && !release.terminating && release.suspended_by_us() && release.has_fence()
+}
+
+/// How a recovery's final lift left the release.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AfterRecovery {
+    /// Live and unsuspended: helm-controller upgrades it again.
+    Free,
+    /// Live, and still suspended by another manager who co-owned the
+    /// suspension: helm-controller upgrades it once that one is lifted.
+    SuspendedByOther,
+    /// A delete came before the final lift. `fenced`: our fence holds it
+    /// until helm-controller has uninstalled it, to be re-checked on a timer.
+    BeingDeleted { fenced: bool },
+}
+
+/// Classifies the release as the recovery's last write left it (`None`:
+/// gone).
+pub fn after_recovery(last_seen: Option<&ReleaseView>) -> AfterRecovery {
+    match last_seen {
+        None => AfterRecovery::BeingDeleted { fenced: false },
+        Some(release) if release.terminating => AfterRecovery::BeingDeleted {
+            fenced: release.has_fence(),
+        },
+        Some(release) if release.suspend => AfterRecovery::SuspendedByOther,
+        Some(_) => AfterRecovery::Free,
+    }
+}
+
+/// The `Recovered` event: which revision was reclaimed, and what is true of
+/// the release now.
+pub fn recovered_event(
+    release: &ReleaseView,
+    target: &StorageRevision,
+    after: AfterRecovery,
+) -> EventSpec {
+    let reclaimed = format!(
+        "reclaimed Helm storage revision {} ({}, status {:?}) of {}",
+        target.revision,
+        target.name,
+        target.status,
+        release.key()
+    );
+    let now = match after {
+        AfterRecovery::Free => "helm-controller can upgrade again".to_owned(),
+        AfterRecovery::SuspendedByOther => {
+            "it stays suspended by another manager, who also suspended it meanwhile: helm-controller upgrades it once that suspension is lifted".to_owned()
+        }
+        AfterRecovery::BeingDeleted { fenced: true } => {
+            "it was deleted meanwhile: the uninstall fence holds it until helm-controller has uninstalled it".to_owned()
+        }
+        AfterRecovery::BeingDeleted { fenced: false } => {
+            "it was deleted meanwhile and holds nothing of flux-plunger's".to_owned()
+        }
+    };
+    EventSpec::normal(reasons::RECOVERED, "Recover", format!("{reclaimed}: {now}"))
+}
+
+/// What a guarded JSON patch must write to let go of our hold on a release.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct LetGo {
+    /// Remove `spec.suspend`.
+    pub lift_suspension: bool,
+    /// Remove the fence at these indices of `metadata.finalizers`.
+    pub fence_indices: Vec<usize>,
+    /// Remove the fence's label: it goes with the last copy of the fence.
+    pub remove_label: bool,
+}
+
+impl LetGo {
+    /// Nothing for a patch to write.
+    pub fn is_empty(&self) -> bool {
+        !self.lift_suspension && self.fence_indices.is_empty()
+    }
+}
+
+/// After our apply gave up the fence and returned `written`: the copies of
+/// the fence still listed are held by another manager (a backup restore, a
+/// hand edit, a re-applied manifest), and `metadata.finalizers` is a set, so
+/// giving up our claim cannot remove them. The fence is flux-plunger's
+/// wherever it is: remove every copy by the guarded patch.
+pub fn fence_left_after_give_up(written: &ReleaseView) -> LetGo {
+    let fence_indices = written.fence_indices();
+    LetGo {
+        lift_suspension: false,
+        remove_label: written.fence_labelled && !fence_indices.is_empty(),
+        fence_indices,
+    }
+}
+
+/// Our apply giving up the suspension (and, unless `keep_fence`, the fence)
+/// was refused by a field-manager conflict: the fence is listed twice and
+/// another manager owns the duplicated entry, so every apply naming the fence
+/// is refused. The guarded patch does the same without an apply: it
+/// lifts the suspension where flux-plunger alone holds it (a co-owner's
+/// suspension is never removed) and, unless the fence is kept, removes every
+/// copy of it; when the fence is kept, every copy stays.
+pub fn let_go_without_apply(release: &ReleaseView, keep_fence: bool) -> LetGo {
+    let fence_indices = if keep_fence {
+        Vec::new()
+    } else {
+        release.fence_indices()
+    };
+    LetGo {
+        lift_suspension: release.suspend && release.suspend_owned_by_us_alone(),
+        remove_label: release.fence_labelled && !fence_indices.is_empty(),
+        fence_indices,
+    }
 }
 
 /// SPEC §4.11: go on to delete the storage Secret only if the release, read

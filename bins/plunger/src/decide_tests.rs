@@ -674,7 +674,7 @@ fn the_highest_revision_is_reclaimed_whatever_the_listing_order() {
 fn the_revision_just_below_the_one_we_reclaimed_is_left_alone() {
     let r = annotated(stuck(release()), "5");
     assert_eq!(
-        plan_recovery(&r, &[revision(3, "failed"), revision(4, "failed")]),
+        plan_recovery(&r, &[revision(3, "unknown"), revision(4, "unknown")]),
         RecoveryPlan::Skip(SkipReason::AlreadyProcessed {
             latest: 4,
             processed: 5
@@ -696,8 +696,8 @@ fn any_other_processed_value_lets_the_recovery_run() {
     ] {
         let r = annotated(stuck(release()), value);
         assert_eq!(
-            plan_recovery(&r, &[revision(5, "failed")]),
-            RecoveryPlan::Reclaim(revision(5, "failed")),
+            plan_recovery(&r, &[revision(5, "unknown")]),
+            RecoveryPlan::Reclaim(revision(5, "unknown")),
             "annotation {value:?}"
         );
     }
@@ -707,8 +707,8 @@ fn any_other_processed_value_lets_the_recovery_run() {
 fn the_processed_guard_does_not_overflow_at_the_largest_revision() {
     let r = annotated(stuck(release()), &u64::MAX.to_string());
     assert_eq!(
-        plan_recovery(&r, &[revision(u64::MAX, "failed")]),
-        RecoveryPlan::Reclaim(revision(u64::MAX, "failed"))
+        plan_recovery(&r, &[revision(u64::MAX, "unknown")]),
+        RecoveryPlan::Reclaim(revision(u64::MAX, "unknown"))
     );
 }
 
@@ -727,13 +727,15 @@ fn a_deployed_newest_revision_is_never_reclaimed() {
 
 #[test]
 fn the_suspension_may_be_taken_only_from_a_live_unsuspended_release() {
-    assert!(may_take_suspension(&stuck(release())));
-    assert!(!may_take_suspension(&terminating(stuck(release()))));
-    assert!(!may_take_suspension(&suspended_by(
-        release(),
-        "backup",
-        "Update"
-    )));
+    assert_eq!(may_take_suspension(&stuck(release())), MayAcquire::Take);
+    assert_eq!(
+        may_take_suspension(&terminating(stuck(release()))),
+        MayAcquire::NotOurs
+    );
+    assert_eq!(
+        may_take_suspension(&suspended_by(stuck(release()), "backup", "Update")),
+        MayAcquire::NotOurs
+    );
 }
 
 #[test]
@@ -785,10 +787,10 @@ fn the_revision_below_is_left_alone_only_while_it_is_the_same_secret() {
         "s-4".into(),
     );
     assert!(matches!(
-        plan_recovery(&r, &[revision(4, "failed")]),
+        plan_recovery(&r, &[revision(4, "unknown")]),
         RecoveryPlan::Skip(SkipReason::AlreadyProcessed { .. })
     ));
-    let mut recreated = revision(4, "failed");
+    let mut recreated = revision(4, "unknown");
     recreated.uid = "new-uid".into();
     assert_eq!(
         plan_recovery(&r, std::slice::from_ref(&recreated)),
@@ -801,7 +803,7 @@ fn the_revision_below_is_left_alone_only_while_it_is_the_same_secret() {
         String::new(),
     );
     assert!(matches!(
-        plan_recovery(&r, &[revision(4, "failed")]),
+        plan_recovery(&r, &[revision(4, "unknown")]),
         RecoveryPlan::Reclaim(_)
     ));
 }
@@ -810,7 +812,7 @@ fn the_revision_below_is_left_alone_only_while_it_is_the_same_secret() {
 fn the_revision_below_the_target_is_the_highest_lower_one() {
     let revisions = [
         revision(1, "superseded"),
-        revision(5, "failed"),
+        revision(5, "unknown"),
         revision(3, "superseded"),
     ];
     assert_eq!(
@@ -844,23 +846,25 @@ fn a_release_is_still_held_only_if_same_live_ours_and_fenced() {
 }
 
 #[test]
-fn only_a_newest_revision_whose_status_explains_the_error_is_reclaimed() {
-    for status in [
-        "uninstalling",
-        "uninstalled",
-        "unknown",
-        "failed",
-        "pending-install",
-        "pending-upgrade",
-        "pending-rollback",
-    ] {
+fn only_a_newest_revision_the_real_helm_controller_leaves_stuck_is_reclaimed() {
+    for status in ["uninstalling", "uninstalled", "unknown"] {
         assert_eq!(
             plan_recovery(&stuck(release()), &[revision(3, status)]),
             RecoveryPlan::Reclaim(revision(3, status)),
             "{status}"
         );
     }
-    for status in ["superseded", "", "something-else"] {
+    // helm-controller upgrades these itself (a pending one after marking it
+    // failed); a pending-upgrade one may be an upgrade in flight.
+    for status in [
+        "failed",
+        "superseded",
+        "pending-install",
+        "pending-upgrade",
+        "pending-rollback",
+        "",
+        "something-else",
+    ] {
         assert_eq!(
             plan_recovery(&stuck(release()), &[revision(3, status)]),
             RecoveryPlan::Skip(SkipReason::StatusDoesNotExplain {
@@ -869,5 +873,118 @@ fn only_a_newest_revision_whose_status_explains_the_error_is_reclaimed() {
             }),
             "{status:?}"
         );
+    }
+}
+
+#[test]
+fn the_acquire_s_fresh_read_must_still_be_stuck() {
+    assert_eq!(may_take_suspension(&stuck(release())), MayAcquire::Take);
+    assert_eq!(
+        may_take_suspension(&release()),
+        MayAcquire::NoLongerStuck,
+        "helm-controller got past it, or started an upgrade"
+    );
+    let mut opted_out = stuck(release());
+    opted_out.annotations.insert(
+        crate::names::RECOVER_ANNOTATION.into(),
+        crate::names::RECOVER_DISABLED.into(),
+    );
+    assert_eq!(may_take_suspension(&opted_out), MayAcquire::NoLongerStuck);
+}
+
+#[test]
+fn a_fence_still_listed_after_our_give_up_is_removed_at_every_index() {
+    let mut written = release();
+    written.finalizers = vec![
+        FENCE_FINALIZER.into(),
+        "finalizers.fluxcd.io".into(),
+        FENCE_FINALIZER.into(),
+    ];
+    assert_eq!(
+        fence_left_after_give_up(&written),
+        LetGo {
+            lift_suspension: false,
+            fence_indices: vec![0, 2],
+            remove_label: false,
+        }
+    );
+    written.fence_labelled = true;
+    assert!(
+        fence_left_after_give_up(&written).remove_label,
+        "the label goes with the last copy"
+    );
+    assert!(fence_left_after_give_up(&release()).is_empty());
+}
+
+#[test]
+fn letting_go_without_an_apply_lifts_only_a_suspension_we_alone_hold() {
+    let mut twice = fenced(ours(release()));
+    twice.finalizers.push(FENCE_FINALIZER.into());
+    assert_eq!(
+        let_go_without_apply(&twice, true),
+        LetGo {
+            lift_suspension: true,
+            fence_indices: vec![],
+            remove_label: false,
+        },
+        "every copy of the fence stays"
+    );
+    let both = twice.fence_indices();
+    assert_eq!(both.len(), 2);
+    assert_eq!(
+        let_go_without_apply(&twice, false),
+        LetGo {
+            lift_suspension: true,
+            fence_indices: both.clone(),
+            remove_label: true,
+        }
+    );
+    let mut shared = twice.clone();
+    shared
+        .managed_fields
+        .push(entry("migration", "Apply", true));
+    assert!(
+        let_go_without_apply(&shared, true).is_empty(),
+        "a co-owner's suspension is never removed"
+    );
+    assert_eq!(let_go_without_apply(&shared, false).fence_indices, both);
+}
+
+#[test]
+fn a_recovery_says_what_is_true_of_the_release_after_its_final_lift() {
+    let target = revision(2, "uninstalling");
+    let note = |after| recovered_event(&release(), &target, after).note;
+    assert_eq!(after_recovery(Some(&release())), AfterRecovery::Free);
+    assert!(note(AfterRecovery::Free).ends_with("helm-controller can upgrade again"));
+    let co_owned = suspended_by(release(), "migration", "Apply");
+    assert_eq!(
+        after_recovery(Some(&co_owned)),
+        AfterRecovery::SuspendedByOther
+    );
+    assert!(note(AfterRecovery::SuspendedByOther).contains("stays suspended by another manager"));
+    assert_eq!(
+        after_recovery(Some(&fenced(terminating(release())))),
+        AfterRecovery::BeingDeleted { fenced: true }
+    );
+    assert!(
+        note(AfterRecovery::BeingDeleted { fenced: true }).contains("the uninstall fence holds it")
+    );
+    assert_eq!(
+        after_recovery(Some(&terminating(release()))),
+        AfterRecovery::BeingDeleted { fenced: false }
+    );
+    assert_eq!(
+        after_recovery(None),
+        AfterRecovery::BeingDeleted { fenced: false }
+    );
+    for after in [
+        AfterRecovery::Free,
+        AfterRecovery::SuspendedByOther,
+        AfterRecovery::BeingDeleted { fenced: true },
+        AfterRecovery::BeingDeleted { fenced: false },
+    ] {
+        let event = recovered_event(&release(), &target, after);
+        assert_eq!((event.reason, event.warning), ("Recovered", false));
+        assert!(event.note.starts_with("reclaimed Helm storage revision 2"));
     }
 }

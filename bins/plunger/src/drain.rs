@@ -22,6 +22,7 @@ use tokio::sync::watch;
 use crate::lease::Claim;
 use crate::reconcile::{Outcome, Reconciler};
 use crate::release::{ReleaseView, list_labelled_fences};
+use crate::scope::Scope;
 
 /// How often held releases are looked at again while helm-controller works,
 /// and a failed listing is tried again.
@@ -97,21 +98,26 @@ impl DrainReport {
     }
 }
 
-/// The fenced releases, selected by the fence's label (finalizers cannot be
-/// selected server-side). A fence an older flux-plunger set without the label
-/// is not listed here: the controller labels every fence it keeps as soon as
-/// it reconciles the release, and the pre-delete hook also looks for
-/// unlabelled ones.
-pub async fn list_fenced(client: &Client) -> kube::Result<Vec<ReleaseView>> {
-    list_labelled_fences(client, |release| release.has_fence().then_some(release)).await
+/// The fenced releases in `scope`, selected by the fence's label (finalizers
+/// cannot be selected server-side). A fence an older flux-plunger set without
+/// the label is not listed here: the controller labels every fence it keeps
+/// as soon as it reconciles the release, and the pre-delete hook also looks
+/// for unlabelled ones.
+pub async fn list_fenced(client: &Client, scope: &Scope) -> kube::Result<Vec<ReleaseView>> {
+    list_labelled_fences(client, scope, |release| {
+        release.has_fence().then_some(release)
+    })
+    .await
 }
 
-/// Drains until every fence is gone, the Lease is lost, or `until` passes;
-/// writes only while `claim` is current (the client's gate enforces it, and
-/// the drain waits for a lapsed claim instead of failing every write).
+/// Drains the fences in `scope` until every one is gone, the Lease is lost,
+/// or `until` passes; writes only while `claim` is current (the client's gate
+/// enforces it, and the drain waits for a lapsed claim instead of failing
+/// every write).
 pub async fn drain(
     client: &Client,
     reconciler: &Reconciler,
+    scope: &Scope,
     mut claim: watch::Receiver<Claim>,
     until: Instant,
     concurrency: usize,
@@ -131,7 +137,7 @@ pub async fn drain(
             ClaimState::Lost => break Ending::LeaseLost,
             ClaimState::Lapsed => break Ending::Deadline,
         }
-        let fenced = match tokio::time::timeout_at(until.into(), list_fenced(client)).await {
+        let fenced = match tokio::time::timeout_at(until.into(), list_fenced(client, scope)).await {
             Err(_) => break Ending::Deadline,
             Ok(Err(err)) => {
                 report.failed_listings += 1;

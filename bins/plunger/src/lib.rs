@@ -18,6 +18,7 @@ pub mod ratelimit;
 pub mod reconcile;
 pub mod release;
 pub mod remote;
+pub mod scope;
 pub mod storage;
 pub mod sweep;
 pub mod test_hooks;

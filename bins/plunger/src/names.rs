@@ -72,6 +72,13 @@ pub const FIELD_MANAGER: &str = "flux-plunger";
 /// it so that the annotation never makes a suspension look like ours.
 pub const SHARED_FIELD_MANAGER: &str = "flux-client-side-apply";
 
+/// The manager of the guarded JSON patches the controller and the drain fall
+/// back on when an apply cannot give something up: a copy of the fence
+/// another manager also lists, a suspension an apply conflicts on. A patch is
+/// an `Update`, never an `Apply` of `flux-plunger`, so it can never make a
+/// suspension look like ours.
+pub const PATCH_FIELD_MANAGER: &str = "flux-plunger-patch";
+
 /// Type of Helm's release storage Secrets.
 pub const HELM_STORAGE_SECRET_TYPE: &str = "helm.sh/release.v1";
 /// Label every Helm storage Secret carries with value `helm`.
@@ -107,6 +114,8 @@ pub mod reasons {
     pub const UNINSTALL_HANDED_OVER: &str = "UninstallHandedOver";
     /// The fence was let go though nothing could uninstall the release (Warning).
     pub const RELEASED_WITHOUT_UNINSTALL: &str = "ReleasedWithoutUninstall";
+    /// A copy of the fence could not be removed (Warning).
+    pub const FENCE_REMOVAL_FAILED: &str = "FenceRemovalFailed";
 }
 
 /// The name Helm gives the storage Secret of `release` at `revision`.

@@ -12,13 +12,17 @@ use kube::api::DynamicObject;
 
 use crate::apply::{self, Claim};
 use crate::decide::{
-    self, AfterHandOver, Clock, Decision, EventSpec, RecoveryPlan, SkipReason, StorageFacts,
-    UninstallTarget, may_delete_storage, may_take_suspension, plan_recovery,
+    self, AfterHandOver, AfterRecovery, Clock, Decision, EventSpec, MayAcquire, RecoveryPlan,
+    SkipReason, StorageFacts, UninstallTarget, may_delete_storage, may_take_suspension,
+    plan_recovery,
 };
-use crate::error::{Error, is_api_code};
+use crate::error::{
+    Error, is_api_code, is_failed_guard, is_field_manager_conflict, is_stale_write,
+};
 use crate::events::Events;
-use crate::names::reasons;
+use crate::names::{PATCH_FIELD_MANAGER, reasons};
 use crate::release::{ReleaseView, helmreleases};
+use crate::remote::RemoteError;
 use crate::storage::{self, StorageLocation, StorageRevision};
 use crate::timings::Timings;
 
@@ -45,6 +49,10 @@ pub enum Outcome {
     AbortedForDelete { revision: u64 },
     /// The revision was reclaimed and the release let go.
     Recovered { revision: u64 },
+    /// The revision was reclaimed, and a delete came before the final lift:
+    /// the suspension is lifted and the fence holds the release until
+    /// helm-controller has uninstalled it; look again after `recheck`.
+    RecoveredThenDeleted { revision: u64, recheck: Duration },
     /// `--dry-run`: what would have been written, reported, nothing written.
     DryRun { would: String },
     /// `--max-recoveries-per-minute` is used up: try again after this.
@@ -62,6 +70,24 @@ pub enum Outcome {
     ReleasedWithoutUninstall,
 }
 
+impl Outcome {
+    /// When the release must be looked at again whether or not anything
+    /// writes it: a held fence (SPEC §5e), a recovery waiting for the rate
+    /// limit, and at once after a storage revision of a release being
+    /// deleted was reclaimed (deleting a Secret wakes no watch). `None`: its
+    /// next change wakes it.
+    pub fn recheck_after(&self) -> Option<Duration> {
+        match self {
+            Outcome::FenceHeld { recheck } | Outcome::RecoveredThenDeleted { recheck, .. } => {
+                Some(*recheck)
+            }
+            Outcome::RateLimited { retry_after } => Some(*retry_after),
+            Outcome::ReclaimedUninstalled { .. } => Some(Duration::ZERO),
+            _ => None,
+        }
+    }
+}
+
 /// The operator's controls of what a reconcile may do.
 #[derive(Default)]
 pub struct Controls {
@@ -73,10 +99,14 @@ pub struct Controls {
 
 /// Points inside a recovery where a test can act (a delete, a foreign
 /// write, a crash): one right before and one right after every write of
-/// SPEC §4 and §5. `test_hooks` pauses a test build of a binary at them by
-/// name.
+/// SPEC §4 and §5, and one between the storage listing and the acquire's
+/// fresh read (where helm-controller's own progress can overtake a pass).
+/// `test_hooks` pauses a test build of a binary at them by name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Step {
+    /// The storage was listed and the revision to reclaim chosen; the
+    /// acquire's fresh read comes next.
+    Planned,
     /// The release was read fresh; the unforced acquire comes next.
     BeforeAcquire,
     /// The unforced acquire conflicted and the release was read again; the
@@ -109,11 +139,17 @@ pub enum Step {
     BeforeReconcileRequest,
     /// The reconcile request was written.
     AfterReconcileRequest,
+    /// A guarded patch is about to be sent: it removes a copy of the fence
+    /// another manager also lists, or lets go where an apply was refused.
+    BeforeGuardedPatch,
+    /// A guarded patch was accepted.
+    AfterGuardedPatch,
 }
 
 impl Step {
     /// Every step, in the order a recovery (then a delete) meets them.
-    pub const ALL: [Step; 14] = [
+    pub const ALL: [Step; 17] = [
+        Step::Planned,
         Step::BeforeAcquire,
         Step::BeforeForcedAcquire,
         Step::Acquired,
@@ -128,11 +164,14 @@ impl Step {
         Step::AfterHistoryWrite,
         Step::BeforeReconcileRequest,
         Step::AfterReconcileRequest,
+        Step::BeforeGuardedPatch,
+        Step::AfterGuardedPatch,
     ];
 
     /// The name `FLUX_PLUNGER_TEST_PAUSE_AT` knows it by.
     pub fn name(self) -> &'static str {
         match self {
+            Step::Planned => "planned",
             Step::BeforeAcquire => "before-acquire",
             Step::BeforeForcedAcquire => "before-forced-acquire",
             Step::Acquired => "acquired",
@@ -147,6 +186,8 @@ impl Step {
             Step::AfterHistoryWrite => "after-history-write",
             Step::BeforeReconcileRequest => "before-reconcile-request",
             Step::AfterReconcileRequest => "after-reconcile-request",
+            Step::BeforeGuardedPatch => "before-guarded-patch",
+            Step::AfterGuardedPatch => "after-guarded-patch",
         }
     }
 }
@@ -258,7 +299,14 @@ impl Reconciler {
     async fn storage_facts(&self, release: &ReleaseView) -> Result<StorageFacts, Error> {
         let client = match self.storage_client(release).await {
             Ok(client) => client,
-            Err(why) => return Ok(StorageFacts::Unreadable { why }),
+            // The kubeconfig Secret could not be read: it may pass.
+            Err(RemoteError::Unreadable(source)) => {
+                return Err(Error::ReadKubeconfig {
+                    key: release.key(),
+                    source,
+                });
+            }
+            Err(RemoteError::Unusable(why)) => return Ok(StorageFacts::Unreadable { why }),
         };
         let location = StorageLocation::of(release);
         let secrets = match storage::list_storage(&client, &location).await {
@@ -301,8 +349,8 @@ impl Reconciler {
 
     /// A client of the cluster the release is installed in (and its storage
     /// is): this one, or the remote one of `spec.kubeConfig`; why not, when
-    /// that cannot be used.
-    async fn storage_client(&self, release: &ReleaseView) -> Result<Client, String> {
+    /// that cannot be used or read.
+    async fn storage_client(&self, release: &ReleaseView) -> Result<Client, RemoteError> {
         if release.has_kube_config {
             crate::remote::storage_client(&self.client, release).await
         } else {
@@ -351,6 +399,16 @@ impl Reconciler {
     /// Carries out any decision but `InspectStorage`, which only `reconcile`
     /// acts on (a settle never starts a recovery).
     async fn carry_out(&self, release: &ReleaseView, decision: Decision) -> Result<Outcome, Error> {
+        Ok(self.act(release, decision).await?.0)
+    }
+
+    /// [`Self::carry_out`], also returning the release as its write left it
+    /// (as read, when nothing was written).
+    async fn act(
+        &self,
+        release: &ReleaseView,
+        decision: Decision,
+    ) -> Result<(Outcome, ReleaseView), Error> {
         if self.controls.dry_run
             && let Some(would) = would_write(&decision)
         {
@@ -358,53 +416,64 @@ impl Reconciler {
                 self.events.record(release, event).await;
             }
             tracing::info!(release = %release.key(), "dry run: would {would}");
-            return Ok(Outcome::DryRun { would });
+            return Ok((Outcome::DryRun { would }, release.clone()));
         }
         match decision {
             Decision::Nothing { event: None } | Decision::InspectStorage => {
-                Ok(Outcome::NothingToDo)
+                Ok((Outcome::NothingToDo, release.clone()))
             }
             Decision::Nothing { event: Some(event) } => {
                 self.events.record(release, &event).await;
-                Ok(Outcome::LeftAlone)
+                Ok((Outcome::LeftAlone, release.clone()))
             }
             Decision::Lift { keep_fence } => {
-                self.lift(release, keep_fence).await?;
-                Ok(Outcome::Lifted {
-                    kept_fence: keep_fence,
-                })
+                let written = self.lift(release, keep_fence).await?;
+                Ok((
+                    Outcome::Lifted {
+                        kept_fence: keep_fence,
+                    },
+                    written,
+                ))
             }
             Decision::DropFence { event } => {
                 if let Some(event) = event {
                     self.events.record(release, &event).await;
                 }
-                self.drop_fence(release).await?;
+                let written = self.drop_fence(release).await?;
                 tracing::info!(release = %release.key(), "dropped the uninstall fence");
-                Ok(Outcome::FenceDropped)
+                Ok((Outcome::FenceDropped, written))
             }
             Decision::HoldFence {
                 recheck,
                 event,
                 label_fence,
             } => {
+                let mut held = release.clone();
                 if label_fence && !self.controls.dry_run {
-                    self.write(release, Claim::FENCE_ONLY)
+                    let object = apply::apply(&self.client, release, Claim::FENCE_ONLY, false)
                         .await
                         .map_err(|source| Error::LabelFence {
                             key: release.key(),
                             source,
                         })?;
+                    held = self.written(&object);
                     tracing::info!(release = %release.key(), "labelled an uninstall fence an older flux-plunger set");
                 }
                 if let Some(event) = event {
                     self.events.record(release, &event).await;
-                    self.fence_warnings
+                    let mut warnings = self
+                        .fence_warnings
                         .lock()
-                        .expect("fence warning map poisoned")
-                        .insert(release.uid.clone(), Instant::now());
+                        .expect("fence warning map poisoned");
+                    // A warning older than the interval no longer holds the
+                    // next one back: forget it, or the map would keep every
+                    // release ever held, deleted long since.
+                    let interval = self.timings.fence_recheck_interval;
+                    warnings.retain(|_, at| at.elapsed() < interval);
+                    warnings.insert(release.uid.clone(), Instant::now());
                 }
                 tracing::debug!(release = %release.key(), "holding the uninstall fence until helm-controller has uninstalled");
-                Ok(Outcome::FenceHeld { recheck })
+                Ok((Outcome::FenceHeld { recheck }, held))
             }
             Decision::HandOver {
                 snapshot,
@@ -428,59 +497,83 @@ impl Reconciler {
                 self.pause_at_step(Step::AfterHistoryWrite).await;
                 tracing::info!(release = %release.key(), revision = snapshot.version, helm_release = %snapshot.full_name(), "handed the newest live revision to helm-controller's uninstall");
                 self.events.record(release, &event).await;
-                match then {
+                let written = match then {
                     AfterHandOver::Lift { keep_fence } => self.lift(&handed, keep_fence).await?,
                     AfterHandOver::RequestReconcile => self.request_reconcile(&handed).await?,
-                }
-                Ok(Outcome::HandedOver {
-                    revision: snapshot.version,
-                })
+                };
+                Ok((
+                    Outcome::HandedOver {
+                        revision: snapshot.version,
+                    },
+                    written,
+                ))
             }
             Decision::ReclaimUninstalled { revision } => {
                 // The storage was just listed through this client; if it
                 // cannot be made now, look again later.
                 let client = match self.storage_client(release).await {
                     Ok(client) => client,
-                    Err(why) => {
-                        tracing::warn!(release = %release.key(), %why, "cannot reach the Helm storage again; retrying later");
-                        return Ok(Outcome::FenceHeld {
-                            recheck: self.timings.fence_recheck_interval,
+                    Err(RemoteError::Unreadable(source)) => {
+                        return Err(Error::ReadKubeconfig {
+                            key: release.key(),
+                            source,
                         });
+                    }
+                    Err(RemoteError::Unusable(why)) => {
+                        tracing::warn!(release = %release.key(), %why, "cannot reach the Helm storage again; retrying later");
+                        return Ok((
+                            Outcome::FenceHeld {
+                                recheck: self.timings.fence_recheck_interval,
+                            },
+                            release.clone(),
+                        ));
                     }
                 };
                 self.delete_storage_revision(&client, &revision).await?;
                 tracing::info!(release = %release.key(), secret = %revision.name, "deleted an uninstalled newest revision, so that the uninstall targets the live one below it");
-                Ok(Outcome::ReclaimedUninstalled {
-                    revision: revision.revision,
-                })
+                Ok((
+                    Outcome::ReclaimedUninstalled {
+                        revision: revision.revision,
+                    },
+                    release.clone(),
+                ))
             }
             Decision::RequestReconcile => {
-                self.request_reconcile(release).await?;
-                Ok(Outcome::ReconcileRequested)
+                let written = self.request_reconcile(release).await?;
+                Ok((Outcome::ReconcileRequested, written))
             }
             Decision::LetGo { event } => {
                 self.events.record(release, &event).await;
-                self.drop_fence(release).await?;
+                let written = self.drop_fence(release).await?;
                 tracing::warn!(release = %release.key(), note = %event.note, "dropped the uninstall fence without an uninstall");
-                Ok(Outcome::ReleasedWithoutUninstall)
+                Ok((Outcome::ReleasedWithoutUninstall, written))
             }
             // `decide_now` has read the storage already.
-            Decision::ReadStorage => Ok(Outcome::NothingToDo),
+            Decision::ReadStorage => Ok((Outcome::NothingToDo, release.clone())),
         }
     }
 
     /// Gives up the fence: an apply that claims nothing (another manager's
-    /// suspension stays as it is).
-    async fn drop_fence(&self, release: &ReleaseView) -> Result<(), Error> {
+    /// suspension stays as it is), then any copy of the fence another
+    /// manager also lists (see [`Self::let_go`]). Returns the release as the
+    /// last write left it.
+    async fn drop_fence(&self, release: &ReleaseView) -> Result<ReleaseView, Error> {
         self.pause_at_step(Step::BeforeDropFence).await;
-        self.write(release, Claim::NOTHING)
-            .await
-            .map_err(|source| Error::Lift {
-                key: release.key(),
-                source,
-            })?;
+        let written = match self.let_go(release, false).await {
+            Ok(written) => written,
+            Err(failed) => {
+                let source = failed.into_source();
+                if !is_retried_quietly(&source) {
+                    self.warn_fence_left(release, &source).await;
+                }
+                return Err(Error::Lift {
+                    key: release.key(),
+                    source,
+                });
+            }
+        };
         self.pause_at_step(Step::AfterDropFence).await;
-        Ok(())
+        Ok(written)
     }
 
     /// Deletes exactly the revision listed (its uid and resourceVersion).
@@ -508,7 +601,7 @@ impl Reconciler {
 
     /// Asks helm-controller to reconcile the release again, with a value it
     /// has not handled and flux-plunger knows as its own.
-    async fn request_reconcile(&self, release: &ReleaseView) -> Result<(), Error> {
+    async fn request_reconcile(&self, release: &ReleaseView) -> Result<ReleaseView, Error> {
         let requested_at = format!(
             "{}{}",
             crate::names::RECONCILE_REQUEST_PREFIX,
@@ -521,37 +614,38 @@ impl Reconciler {
                 key: release.key(),
                 source,
             })?;
-        self.written(&object);
+        let written = self.written(&object);
         self.pause_at_step(Step::AfterReconcileRequest).await;
         tracing::info!(release = %release.key(), %requested_at, "asked helm-controller to reconcile the release being deleted");
-        Ok(())
+        Ok(written)
     }
 
     /// Gives up our suspension, and the fence unless `keep_fence`.
-    async fn lift(&self, release: &ReleaseView, keep_fence: bool) -> Result<(), Error> {
-        let claim = if keep_fence {
-            Claim::FENCE_ONLY
-        } else {
-            Claim::NOTHING
-        };
+    async fn lift(&self, release: &ReleaseView, keep_fence: bool) -> Result<ReleaseView, Error> {
         self.pause_at_step(Step::BeforeLift).await;
-        match self.write(release, claim).await {
-            Ok(_) => {
+        match self.let_go(release, keep_fence).await {
+            Ok(written) => {
                 self.pause_at_step(Step::AfterLift).await;
                 tracing::info!(release = %release.key(), kept_fence = keep_fence, "lifted flux-plunger's suspension");
-                Ok(())
+                Ok(written)
             }
-            Err(source) => {
-                // A 409 is a race: the retry reads again and decides anew. A
-                // write held back because the Lease lapsed was never sent.
-                if !is_api_code(&source, 409) && !crate::client::is_not_leader(&source) {
+            Err(failed) => {
+                let fence_left = matches!(failed, LetGoFailed::FenceLeft(_));
+                let source = failed.into_source();
+                // A race is retried after reading again, and a write held
+                // back because the Lease lapsed was never sent; anything else
+                // an operator must hear about.
+                if fence_left && !is_retried_quietly(&source) {
+                    self.warn_fence_left(release, &source).await;
+                } else if !is_retried_quietly(&source) {
                     let event = EventSpec {
                         warning: true,
                         reason: reasons::UNSUSPEND_FAILED,
                         action: "Unsuspend",
                         note: format!(
-                            "flux-plunger holds a suspension of {} it could not lift: {source}; it will retry",
-                            release.key()
+                            "flux-plunger holds a suspension of {} it could not lift: {}; it will retry",
+                            release.key(),
+                            crate::error::describe(&source)
                         ),
                     };
                     self.events.record(release, &event).await;
@@ -564,9 +658,87 @@ impl Reconciler {
         }
     }
 
-    async fn write(&self, release: &ReleaseView, claim: Claim) -> kube::Result<ReleaseView> {
-        let object = apply::apply(&self.client, release, claim, false).await?;
+    /// Gives up our suspension and, unless `keep_fence`, the fence, by one
+    /// apply that leaves them out; then makes sure they are gone from the
+    /// release and not only our claim on them. An apply gives up only its
+    /// own claim: a copy of the fence another manager also lists stays, and
+    /// is removed by a guarded patch. Where the apply itself is refused by a
+    /// field-manager conflict (the fence listed twice, a copy another
+    /// manager owns, refuses every apply naming it), the guarded patch lets
+    /// go instead, still pinned to the read.
+    async fn let_go(
+        &self,
+        release: &ReleaseView,
+        keep_fence: bool,
+    ) -> Result<ReleaseView, LetGoFailed> {
+        let claim = if keep_fence {
+            Claim::FENCE_ONLY
+        } else {
+            Claim::NOTHING
+        };
+        let written = match apply::apply(&self.client, release, claim, false).await {
+            Ok(object) => self.written(&object),
+            Err(err) if is_field_manager_conflict(&err) => {
+                let let_go = decide::let_go_without_apply(release, keep_fence);
+                if let_go.is_empty() {
+                    return Err(LetGoFailed::Holding(err));
+                }
+                tracing::info!(release = %release.key(), error = %crate::error::describe(&err), "another field manager's copy of the fence refuses the apply; letting go by a guarded patch");
+                return self
+                    .patch(release, &let_go)
+                    .await
+                    .map_err(LetGoFailed::Holding);
+            }
+            Err(err) => return Err(LetGoFailed::Holding(err)),
+        };
+        if keep_fence {
+            return Ok(written);
+        }
+        let left = decide::fence_left_after_give_up(&written);
+        if left.is_empty() {
+            return Ok(written);
+        }
+        tracing::info!(release = %written.key(), copies = left.fence_indices.len(), "another field manager also lists the uninstall fence; removing it by a guarded patch");
+        self.patch(&written, &left)
+            .await
+            .map_err(LetGoFailed::FenceLeft)
+    }
+
+    /// Sends the guarded patch for `release` as read.
+    async fn patch(
+        &self,
+        release: &ReleaseView,
+        let_go: &decide::LetGo,
+    ) -> kube::Result<ReleaseView> {
+        self.pause_at_step(Step::BeforeGuardedPatch).await;
+        let object = apply::patch_guarded(
+            &self.client,
+            release,
+            let_go.lift_suspension,
+            &let_go.fence_indices,
+            let_go.remove_label,
+            PATCH_FIELD_MANAGER,
+        )
+        .await?;
+        self.pause_at_step(Step::AfterGuardedPatch).await;
         Ok(self.written(&object))
+    }
+
+    /// Warns that a fence could not be removed: its release cannot go (or,
+    /// live, is held by nothing flux-plunger does) until it is.
+    async fn warn_fence_left(&self, release: &ReleaseView, source: &kube::Error) {
+        let event = EventSpec {
+            warning: true,
+            reason: reasons::FENCE_REMOVAL_FAILED,
+            action: "ReleaseFence",
+            note: format!(
+                "flux-plunger could not remove its uninstall fence from {}: {}; it will retry (by hand: flux-plunger-sweep release {})",
+                release.key(),
+                crate::error::describe(source),
+                release.key()
+            ),
+        };
+        self.events.record(release, &event).await;
     }
 
     /// The view of what one of our writes returned, its resourceVersion noted.
@@ -579,6 +751,15 @@ impl Reconciler {
             .or_default()
             .push(view.resource_version.clone());
         view
+    }
+
+    /// How many releases' fence warnings are remembered (each only until its
+    /// re-check interval has passed).
+    pub fn remembered_fence_warnings(&self) -> usize {
+        self.fence_warnings
+            .lock()
+            .expect("fence warning map poisoned")
+            .len()
     }
 
     /// The resourceVersions our writes left release `uid` at since the last
@@ -600,7 +781,13 @@ impl Reconciler {
         // The storage is in the cluster the release is installed in.
         let storage_client = match self.storage_client(&release).await {
             Ok(client) => client,
-            Err(why) => {
+            Err(RemoteError::Unreadable(source)) => {
+                return Err(Error::ReadKubeconfig {
+                    key: release.key(),
+                    source,
+                });
+            }
+            Err(RemoteError::Unusable(why)) => {
                 let event = EventSpec {
                     warning: true,
                     reason: reasons::REMOTE_CLUSTER_UNUSABLE,
@@ -658,19 +845,27 @@ impl Reconciler {
             tracing::info!(release = %release.key(), ?retry_after, "recovery rate limit reached; waiting");
             return Ok(Outcome::RateLimited { retry_after });
         }
+        self.pause_at_step(Step::Planned).await;
 
-        let Some(held) = self.acquire(&release.namespace, &release.name).await? else {
-            let event = EventSpec {
-                warning: false,
-                reason: reasons::RECOVERY_DEFERRED,
-                action: "Suspend",
-                note: format!(
-                    "{} changed while flux-plunger was about to recover it (suspended, deleted or written meanwhile); recovery waits for its next change",
-                    release.key()
-                ),
-            };
-            self.events.record(&release, &event).await;
-            return Ok(Outcome::Deferred);
+        let held = match self.acquire(&release.namespace, &release.name).await? {
+            Acquisition::Held(held) => *held,
+            Acquisition::NoLongerStuck => {
+                tracing::info!(release = %release.key(), "no longer stuck when read again before the recovery; nothing reclaimed");
+                return Ok(Outcome::Skipped(SkipReason::NoLongerStuck));
+            }
+            Acquisition::NotOurs => {
+                let event = EventSpec {
+                    warning: false,
+                    reason: reasons::RECOVERY_DEFERRED,
+                    action: "Suspend",
+                    note: format!(
+                        "{} changed while flux-plunger was about to recover it (suspended, deleted or written meanwhile); recovery waits for its next change",
+                        release.key()
+                    ),
+                };
+                self.events.record(&release, &event).await;
+                return Ok(Outcome::Deferred);
+            }
         };
         tracing::info!(release = %release.key(), revision = target.revision, secret = %target.name, "suspended with the uninstall fence to reclaim the newest storage revision");
 
@@ -691,14 +886,16 @@ impl Reconciler {
     }
 
     /// SPEC §4.8: takes the suspension and the fence together, from a fresh
-    /// read; `None` when it is not ours to take.
-    async fn acquire(&self, namespace: &str, name: &str) -> Result<Option<ReleaseView>, Error> {
+    /// read.
+    async fn acquire(&self, namespace: &str, name: &str) -> Result<Acquisition, Error> {
         let claim = self.acquire_claim();
         let Some(fresh) = self.read(namespace, name).await? else {
-            return Ok(None);
+            return Ok(Acquisition::NotOurs);
         };
-        if !may_take_suspension(&fresh) {
-            return Ok(None);
+        match may_take_suspension(&fresh) {
+            MayAcquire::Take => {}
+            MayAcquire::NotOurs => return Ok(Acquisition::NotOurs),
+            MayAcquire::NoLongerStuck => return Ok(Acquisition::NoLongerStuck),
         }
         let acquire_error = |source| Error::Acquire {
             key: fresh.key(),
@@ -706,20 +903,22 @@ impl Reconciler {
         };
         self.pause_at_step(Step::BeforeAcquire).await;
         match apply::apply(&self.client, &fresh, claim, false).await {
-            Ok(object) => return Ok(Some(self.written(&object))),
+            Ok(object) => return Ok(Acquisition::Held(Box::new(self.written(&object)))),
             Err(err) if is_api_code(&err, 409) => {}
             Err(err) => return Err(acquire_error(err)),
         }
         let Some(again) = self.read(namespace, name).await? else {
-            return Ok(None);
+            return Ok(Acquisition::NotOurs);
         };
-        if !may_take_suspension(&again) {
-            return Ok(None);
+        match may_take_suspension(&again) {
+            MayAcquire::Take => {}
+            MayAcquire::NotOurs => return Ok(Acquisition::NotOurs),
+            MayAcquire::NoLongerStuck => return Ok(Acquisition::NoLongerStuck),
         }
         self.pause_at_step(Step::BeforeForcedAcquire).await;
         match apply::apply(&self.client, &again, claim, true).await {
-            Ok(object) => Ok(Some(self.written(&object))),
-            Err(err) if is_api_code(&err, 409) => Ok(None),
+            Ok(object) => Ok(Acquisition::Held(Box::new(self.written(&object)))),
+            Err(err) if is_api_code(&err, 409) => Ok(Acquisition::NotOurs),
             Err(err) => Err(acquire_error(err)),
         }
     }
@@ -780,22 +979,19 @@ impl Reconciler {
 
         self.delete_storage_revision(storage_client, target).await?;
         tracing::info!(release = %release.key(), secret = %target.name, "deleted the newest storage revision");
-        self.finish(release.clone()).await?;
-        let event = EventSpec {
-            warning: false,
-            reason: reasons::RECOVERED,
-            action: "Recover",
-            note: format!(
-                "reclaimed Helm storage revision {} ({}, status {:?}) of {}: helm-controller can upgrade again",
-                target.revision,
-                target.name,
-                target.status,
-                release.key()
-            ),
-        };
-        self.events.record(&release, &event).await;
-        Ok(Outcome::Recovered {
-            revision: target.revision,
+        let last_seen = self.finish(release.clone()).await?;
+        let after = decide::after_recovery(last_seen.as_ref());
+        self.events
+            .record(&release, &decide::recovered_event(&release, target, after))
+            .await;
+        Ok(match after {
+            AfterRecovery::BeingDeleted { fenced: true } => Outcome::RecoveredThenDeleted {
+                revision: target.revision,
+                recheck: self.timings.fence_recheck_interval,
+            },
+            _ => Outcome::Recovered {
+                revision: target.revision,
+            },
         })
     }
 
@@ -803,20 +999,22 @@ impl Reconciler {
     /// (helm-controller's status write) is met by reading again: while the
     /// suspension is still ours on the live release, the lift is sent again;
     /// if a delete came meanwhile, §5 decides (the fence stays).
-    async fn finish(&self, mut release: ReleaseView) -> Result<(), Error> {
+    /// Returns the release as the last write left it (or as last read, when
+    /// there was nothing left to write), `None` once it is gone.
+    async fn finish(&self, mut release: ReleaseView) -> Result<Option<ReleaseView>, Error> {
         let mut conflicts = 0;
         loop {
             match self.lift(&release, false).await {
-                Ok(()) => return Ok(()),
-                Err(err) if err.is_conflict() && conflicts < MAX_CONFLICTS_WHILE_HELD => {
+                Ok(written) => return Ok(Some(written)),
+                Err(err) if err.is_stale_write() && conflicts < MAX_CONFLICTS_WHILE_HELD => {
                     conflicts += 1;
                     let Some(again) = self.read(&release.namespace, &release.name).await? else {
-                        return Ok(());
+                        return Ok(None);
                     };
                     if !decide::still_held(&again, &release.uid) {
                         let decision = self.decide_now(&again).await?;
-                        self.carry_out(&again, decision).await?;
-                        return Ok(());
+                        let (_, last_seen) = self.act(&again, decision).await?;
+                        return Ok(Some(last_seen));
                     }
                     release = again;
                 }
@@ -845,6 +1043,41 @@ impl Reconciler {
 
     #[cfg(not(feature = "test-hooks"))]
     async fn pause_at_step(&self, _step: Step) {}
+}
+
+/// What the acquire came to.
+enum Acquisition {
+    /// Our suspension and fence are on the release, as this view shows.
+    Held(Box<ReleaseView>),
+    /// Deleted or suspended meanwhile, or the forced apply conflicted.
+    NotOurs,
+    /// No longer stuck when read again.
+    NoLongerStuck,
+}
+
+/// Why letting go of a release failed.
+enum LetGoFailed {
+    /// Nothing more was given up than before: the apply (or the patch in
+    /// its place) was refused.
+    Holding(kube::Error),
+    /// Our claim is given up, but a copy of the fence another manager also
+    /// lists could not be removed.
+    FenceLeft(kube::Error),
+}
+
+impl LetGoFailed {
+    fn into_source(self) -> kube::Error {
+        match self {
+            LetGoFailed::Holding(err) | LetGoFailed::FenceLeft(err) => err,
+        }
+    }
+}
+
+/// A failure retried without a Warning: a write that lost a race with
+/// another writer (reading again cures it), or one the client held back
+/// because our Lease claim had lapsed (it was never sent).
+fn is_retried_quietly(err: &kube::Error) -> bool {
+    is_stale_write(err) || is_failed_guard(err) || crate::client::is_not_leader(err)
 }
 
 /// What a decision would write, for `--dry-run`; `None` for no write.

@@ -18,6 +18,7 @@ use crate::names::{
     RECONCILE_REQUESTED_AT_ANNOTATION, RELEASED_CONDITION, STUCK_MESSAGE,
     UNINSTALL_SUCCEEDED_REASON,
 };
+use crate::scope::Scope;
 
 /// The processed-revision annotation as read from a release (SPEC §4.7).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -406,92 +407,90 @@ pub fn helmreleases(client: kube::Client, namespace: &str) -> kube::Api<DynamicO
 /// How many HelmReleases one listing request asks for.
 pub const LIST_PAGE_SIZE: u32 = 500;
 
-/// Every HelmRelease of the cluster, read from the apiserver page by page
+/// Every HelmRelease in `scope`, read from the apiserver page by page
 /// (memory stays bounded with many releases), each turned into a view and
 /// kept when `keep` returns something.
 pub async fn list_all<T>(
     client: &kube::Client,
+    scope: &Scope,
     keep: impl FnMut(ReleaseView) -> Option<T>,
 ) -> kube::Result<Vec<T>> {
-    list_in_pages(client, None, LIST_PAGE_SIZE, keep).await
+    list_in_pages(client, scope, LIST_PAGE_SIZE, keep).await
 }
 
-/// The HelmReleases of the cluster carrying the fence's label (selected by
-/// the apiserver), each turned into a view and kept when `keep` returns
+/// The HelmReleases in `scope` carrying the fence's label (selected by the
+/// apiserver), each turned into a view and kept when `keep` returns
 /// something.
 pub async fn list_labelled_fences<T>(
     client: &kube::Client,
+    scope: &Scope,
     keep: impl FnMut(ReleaseView) -> Option<T>,
 ) -> kube::Result<Vec<T>> {
-    list_in_pages(client, Some(FENCE_LABEL), LIST_PAGE_SIZE, keep).await
+    list_in_pages(client, &scope.narrowed(FENCE_LABEL), LIST_PAGE_SIZE, keep).await
 }
 
-/// [`list_all`] with pages of `page_size` releases (tests use small pages),
-/// of the releases `label_selector` selects (all for `None`).
+/// [`list_all`] with pages of `page_size` releases (tests use small pages).
 pub async fn list_in_pages<T>(
     client: &kube::Client,
-    label_selector: Option<&str>,
+    scope: &Scope,
     page_size: u32,
     mut keep: impl FnMut(ReleaseView) -> Option<T>,
 ) -> kube::Result<Vec<T>> {
-    let api = all_helmreleases(client.clone());
     let mut kept = Vec::new();
-    let mut params = kube::api::ListParams::default().limit(page_size);
-    if let Some(selector) = label_selector {
-        params = params.labels(selector);
-    }
-    loop {
-        let page = api.list(&params).await?;
-        kept.extend(
-            page.items
-                .iter()
-                .map(ReleaseView::from_object)
-                .filter_map(&mut keep),
-        );
-        // The last page carries an empty (or no) `continue`: following an
-        // empty token would list from the start again, forever.
-        match page.metadata.continue_ {
-            Some(token) if !token.is_empty() => params = params.continue_token(&token),
-            _ => return Ok(kept),
+    for api in scope.apis::<DynamicObject>(client) {
+        let mut params = scope.list_params(page_size);
+        loop {
+            let page = api.list(&params).await?;
+            kept.extend(
+                page.items
+                    .iter()
+                    .map(ReleaseView::from_object)
+                    .filter_map(&mut keep),
+            );
+            // The last page carries an empty (or no) `continue`: following an
+            // empty token would list from the start again, forever.
+            match page.metadata.continue_ {
+                Some(token) if !token.is_empty() => params = params.continue_token(&token),
+                _ => break,
+            }
         }
     }
+    Ok(kept)
 }
 
-/// `namespace/name` of the HelmReleases that carry the fence without its
-/// label (fenced by an older flux-plunger), found by reading only the
-/// metadata of the releases without the label, page by page.
-pub async fn list_unlabelled_fences(client: &kube::Client) -> kube::Result<Vec<(String, String)>> {
-    let api = all_helmreleases(client.clone());
+/// `namespace/name` of the HelmReleases in `scope` that carry the fence
+/// without its label (fenced by an older flux-plunger), found by reading only
+/// the metadata of the releases without the label, page by page.
+pub async fn list_unlabelled_fences(
+    client: &kube::Client,
+    scope: &Scope,
+) -> kube::Result<Vec<(String, String)>> {
     let mut found = Vec::new();
-    let not_labelled = format!("!{FENCE_LABEL}");
-    let mut params = kube::api::ListParams::default()
-        .labels(&not_labelled)
-        .limit(LIST_PAGE_SIZE);
-    loop {
-        let page = api.list_metadata(&params).await?;
-        found.extend(page.items.into_iter().filter_map(|item| {
-            let meta = item.metadata;
-            meta.finalizers
-                .as_ref()?
-                .iter()
-                .any(|f| f == FENCE_FINALIZER)
-                .then(|| {
-                    (
-                        meta.namespace.unwrap_or_default(),
-                        meta.name.unwrap_or_default(),
-                    )
-                })
-        }));
-        match page.metadata.continue_ {
-            Some(token) if !token.is_empty() => params = params.continue_token(&token),
-            _ => return Ok(found),
+    let unlabelled = scope.narrowed(&format!("!{FENCE_LABEL}"));
+    for api in unlabelled.apis::<DynamicObject>(client) {
+        let mut params = unlabelled.list_params(LIST_PAGE_SIZE);
+        loop {
+            let page = api.list_metadata(&params).await?;
+            found.extend(page.items.into_iter().filter_map(|item| {
+                let meta = item.metadata;
+                meta.finalizers
+                    .as_ref()?
+                    .iter()
+                    .any(|f| f == FENCE_FINALIZER)
+                    .then(|| {
+                        (
+                            meta.namespace.unwrap_or_default(),
+                            meta.name.unwrap_or_default(),
+                        )
+                    })
+            }));
+            match page.metadata.continue_ {
+                Some(token) if !token.is_empty() => params = params.continue_token(&token),
+                _ => break,
+            }
         }
     }
-}
-
-/// HelmReleases of every namespace.
-pub fn all_helmreleases(client: kube::Client) -> kube::Api<DynamicObject> {
-    kube::Api::all_with(client, &helmrelease_resource())
+    Ok(found)
 }
 
 #[cfg(test)]

@@ -53,27 +53,44 @@ pub fn check_usable(kubeconfig: &Kubeconfig) -> Result<(), String> {
     Ok(())
 }
 
+/// Why there is no client for a release's remote cluster.
+#[derive(Debug)]
+pub enum RemoteError {
+    /// The kubeconfig Secret could not be read (the apiserver did not
+    /// answer, or refused): retried with backoff like any failed read.
+    Unreadable(kube::Error),
+    /// The Secret is missing, or there and wrong: nothing changes until
+    /// someone fixes it, so the release is skipped with a warning.
+    Unusable(String),
+}
+
 /// A client for the cluster the release is installed in.
-pub async fn storage_client(local: &Client, release: &ReleaseView) -> Result<Client, String> {
+pub async fn storage_client(local: &Client, release: &ReleaseView) -> Result<Client, RemoteError> {
     let Some(reference) = &release.kube_config_secret else {
-        return Err("spec.kubeConfig has no secretRef (a configMapRef for cloud workload identity is not supported)".to_owned());
+        return Err(RemoteError::Unusable("spec.kubeConfig has no secretRef (a configMapRef for cloud workload identity is not supported)".to_owned()));
     };
     let secrets: Api<Secret> = Api::namespaced(local.clone(), &release.namespace);
     let secret = secrets
         .get_opt(&reference.name)
         .await
-        .map_err(|e| {
-            format!(
-                "reading the kubeconfig Secret {}/{}: {e}",
-                release.namespace, reference.name
-            )
-        })?
+        .map_err(RemoteError::Unreadable)?
         .ok_or_else(|| {
-            format!(
+            RemoteError::Unusable(format!(
                 "the kubeconfig Secret {}/{} does not exist",
                 release.namespace, reference.name
-            )
+            ))
         })?;
+    usable_client(release, reference, secret)
+        .await
+        .map_err(RemoteError::Unusable)
+}
+
+/// A client from the kubeconfig in `secret`, or why it cannot be used.
+async fn usable_client(
+    release: &ReleaseView,
+    reference: &crate::release::KubeConfigSecretRef,
+    secret: Secret,
+) -> Result<Client, String> {
     let data = secret.data.unwrap_or_default();
     let bytes = kubeconfig_bytes(&data, reference.key.as_deref()).map_err(|e| {
         format!(

@@ -17,8 +17,11 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 
-use crate::names::{FENCE_FINALIZER, FENCE_LABEL, PROCESSED_VERSION_ANNOTATION};
+use crate::apply::{guarded_patch, patch_guarded};
+use crate::error::is_permanent_refusal;
+use crate::names::PROCESSED_VERSION_ANNOTATION;
 use crate::release::{ReleaseView, helmreleases};
+use crate::scope::Scope;
 use crate::test_hooks::{SweepStep, pause_at};
 
 /// The field manager of the sweep's patches (never `flux-plunger`, whose
@@ -61,26 +64,12 @@ impl ReleasePlan {
 
     /// The guarded JSON patch carrying the plan out as one request.
     pub fn json_patch(&self, release: &ReleaseView) -> Value {
-        let mut ops = vec![
-            json!({"op": "test", "path": "/metadata/resourceVersion", "value": release.resource_version}),
-            json!({"op": "test", "path": "/metadata/uid", "value": release.uid}),
-        ];
-        if self.lift_suspension {
-            ops.push(json!({"op": "test", "path": "/spec/suspend", "value": true}));
-            ops.push(json!({"op": "remove", "path": "/spec/suspend"}));
-        }
-        // Highest index first, so earlier indices stay valid.
-        for index in self.fence_indices.iter().rev() {
-            let path = format!("/metadata/finalizers/{index}");
-            ops.push(json!({"op": "test", "path": path, "value": FENCE_FINALIZER}));
-            ops.push(json!({"op": "remove", "path": path}));
-        }
-        if self.remove_label {
-            // A JSON pointer spells the label's `/` as `~1`.
-            let path = format!("/metadata/labels/{}", FENCE_LABEL.replace('/', "~1"));
-            ops.push(json!({"op": "remove", "path": path}));
-        }
-        Value::Array(ops)
+        guarded_patch(
+            release,
+            self.lift_suspension,
+            &self.fence_indices,
+            self.remove_label,
+        )
     }
 }
 
@@ -91,15 +80,15 @@ pub async fn release_one(
     release: &ReleaseView,
     plan: &ReleasePlan,
 ) -> kube::Result<()> {
-    let patch: json_patch::Patch =
-        serde_json::from_value(plan.json_patch(release)).map_err(kube::Error::SerdeError)?;
-    let params = PatchParams {
-        field_manager: Some(SWEEP_FIELD_MANAGER.to_owned()),
-        ..PatchParams::default()
-    };
-    helmreleases(client.clone(), &release.namespace)
-        .patch(&release.name, &params, &Patch::<()>::Json(patch))
-        .await?;
+    patch_guarded(
+        client,
+        release,
+        plan.lift_suspension,
+        &plan.fence_indices,
+        plan.remove_label,
+        SWEEP_FIELD_MANAGER,
+    )
+    .await?;
     Ok(())
 }
 
@@ -169,13 +158,13 @@ pub fn row_of(release: &ReleaseView) -> Option<Row> {
     })
 }
 
-/// Every fenced HelmRelease: those with the fence's label, selected by the
+/// Every fenced HelmRelease in `scope`: those with the fence's label, selected by the
 /// apiserver, and those an older flux-plunger fenced without the label,
 /// found in one listing of the metadata of the releases without it and read
 /// whole one by one (the plan needs their spec and managedFields).
-pub async fn list_every_fence(client: &Client) -> kube::Result<Vec<ReleaseView>> {
-    let mut fenced = crate::drain::list_fenced(client).await?;
-    for (namespace, name) in crate::release::list_unlabelled_fences(client).await? {
+pub async fn list_every_fence(client: &Client, scope: &Scope) -> kube::Result<Vec<ReleaseView>> {
+    let mut fenced = crate::drain::list_fenced(client, scope).await?;
+    for (namespace, name) in crate::release::list_unlabelled_fences(client, scope).await? {
         if let Some(object) = helmreleases(client.clone(), &namespace)
             .get_opt(&name)
             .await?
@@ -191,7 +180,8 @@ pub async fn list_every_fence(client: &Client) -> kube::Result<Vec<ReleaseView>>
 
 /// Every HelmRelease `list` shows.
 pub async fn list_rows(client: &Client) -> kube::Result<Vec<Row>> {
-    let mut rows = crate::release::list_all(client, |release| row_of(&release)).await?;
+    let mut rows =
+        crate::release::list_all(client, &Scope::default(), |release| row_of(&release)).await?;
     rows.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
     Ok(rows)
 }
@@ -203,6 +193,9 @@ pub struct HookConfig {
     pub deployment: String,
     pub pod_selector: String,
     pub lease: String,
+    /// The releases whose fences this install's hook releases: the
+    /// controller's scope.
+    pub scope: Scope,
     /// Retries of every step end here (the hook's retry window).
     pub retry_window: Duration,
     /// How long to wait for the pods after scaling down.
@@ -257,16 +250,7 @@ impl Budget {
     }
 }
 
-/// An error as a report line shows it: for a refusal, the apiserver's message
-/// with its code and reason, without the whole status kube's `Display` appends.
-pub fn describe(err: &kube::Error) -> String {
-    match err {
-        kube::Error::Api(status) => {
-            format!("{} ({} {})", status.message, status.code, status.reason)
-        }
-        other => other.to_string(),
-    }
-}
+pub use crate::error::describe;
 
 /// How the hook ended.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -399,7 +383,7 @@ pub async fn run_hook(client: &Client, config: &HookConfig) -> HookReport {
 
     // 3. Release every fence.
     let fenced = match retry(budget, "listing fenced HelmReleases", || {
-        list_every_fence(client)
+        list_every_fence(client, &config.scope)
     })
     .await
     {
@@ -415,7 +399,8 @@ pub async fn run_hook(client: &Client, config: &HookConfig) -> HookReport {
     report.fenced = fenced.len();
     for release in fenced {
         let key = release.key();
-        match release_with_retry(client, release, budget, Uninstall::MaySkip).await {
+        match release_with_retry(client, release, budget, Uninstall::MaySkip, Refusals::Retry).await
+        {
             Ok(Released {
                 without_uninstall: false,
             }) => {
@@ -444,7 +429,10 @@ pub async fn run_hook(client: &Client, config: &HookConfig) -> HookReport {
     // 5. A pod that may still run may have set fences meanwhile.
     let mut fences_after = false;
     if pod_may_run {
-        match budget.bounded(list_every_fence(client)).await {
+        match budget
+            .bounded(list_every_fence(client, &config.scope))
+            .await
+        {
             Ok(again) if again.is_empty() => {}
             Ok(again) => {
                 fences_after = true;
@@ -498,6 +486,18 @@ pub enum Uninstall {
     MustNotSkip,
 }
 
+/// What a refusal that reading again cannot cure (a 403, an admission
+/// policy's denial) ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusals {
+    /// The hook: retried through the window. Its RBAC is created right
+    /// before it runs and may not be in force yet, and a failed hook fails
+    /// the uninstall anyway.
+    Retry,
+    /// `release`: an operator at a terminal hears about it at once.
+    End,
+}
+
 /// A release let go of.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Released {
@@ -526,6 +526,7 @@ pub async fn release_with_retry(
     mut release: ReleaseView,
     budget: Budget,
     uninstall: Uninstall,
+    refusals: Refusals,
 ) -> Result<Released, NotReleased> {
     let api = helmreleases(client.clone(), &release.namespace);
     let mut delay = Duration::from_millis(250);
@@ -555,7 +556,8 @@ pub async fn release_with_retry(
             }
             Err(err) => err,
         };
-        if Instant::now() + delay >= budget.retry_until {
+        let permanent = refusals == Refusals::End && is_permanent_refusal(&err);
+        if permanent || Instant::now() + delay >= budget.retry_until {
             return Err(NotReleased::Failed(err));
         }
         tracing::warn!(release = %release.key(), error = %describe(&err), "releasing failed; reading again");
@@ -578,6 +580,7 @@ pub async fn release_with_retry(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::names::FENCE_FINALIZER;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{FieldsV1, ManagedFieldsEntry};
 
     fn entry(manager: &str, operation: &str) -> ManagedFieldsEntry {

@@ -24,6 +24,9 @@
 //!   every point, then restart the binary and check the invariants.
 //! - `FLUX_PLUNGER_TEST_UNFENCED=1` (controller): suspend without the fence,
 //!   to show the orphaning the fence prevents.
+//! - `FLUX_PLUNGER_TEST_PANIC_AT=POINT` (controller, drain): panic when a
+//!   recovery reaches that [`Step`], to show what the process does when its
+//!   work ends unexpectedly.
 
 use std::time::Duration;
 
@@ -221,9 +224,21 @@ pub fn hooks_from_env() -> crate::reconcile::TestHooks {
     use std::sync::Arc;
 
     let unfenced = std::env::var("FLUX_PLUNGER_TEST_UNFENCED").is_ok_and(|v| v == "1");
-    let pause = env_pauser().map(|pauser| {
+    let panic_at = std::env::var("FLUX_PLUNGER_TEST_PANIC_AT")
+        .ok()
+        .filter(|p| !p.is_empty());
+    let pauser = env_pauser();
+    let pause = (pauser.is_some() || panic_at.is_some()).then(|| {
         let pause: Arc<dyn Fn(Step) -> futures::future::BoxFuture<'static, ()> + Send + Sync> =
-            Arc::new(move |step: Step| pauser.pause(step.name()).boxed());
+            Arc::new(move |step: Step| {
+                if panic_at.as_deref() == Some(step.name()) {
+                    panic!("test build: FLUX_PLUNGER_TEST_PANIC_AT={}", step.name());
+                }
+                match pauser {
+                    Some(pauser) => pauser.pause(step.name()).boxed(),
+                    None => async {}.boxed(),
+                }
+            });
         pause
     });
     crate::reconcile::TestHooks { unfenced, pause }

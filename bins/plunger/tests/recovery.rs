@@ -12,8 +12,8 @@ use kube::api::{DeleteParams, DynamicObject, Patch, PatchParams};
 use plunger::decide::SkipReason;
 use plunger::events::Events;
 use plunger::names::{
-    FENCE_FINALIZER, FENCE_LABEL, FENCE_LABEL_VALUE, FIELD_MANAGER, HELMRELEASE_API_VERSION,
-    HELMRELEASE_KIND, PROCESSED_VERSION_ANNOTATION,
+    FENCE_FINALIZER, FENCE_LABEL, FENCE_LABEL_VALUE, FIELD_MANAGER, HELM_CONTROLLER_FINALIZER,
+    HELMRELEASE_API_VERSION, HELMRELEASE_KIND, PROCESSED_VERSION_ANNOTATION,
 };
 use plunger::reconcile::{Outcome, Reconciler, Step, TestHooks};
 use plunger::release::ReleaseView;
@@ -768,7 +768,7 @@ async fn a_delete_racing_our_unsuspend_is_held_by_the_fence_until_the_uninstall(
     });
 
     let err = reconciler.reconcile(&w.ns.name, "web").await.unwrap_err();
-    assert!(err.is_conflict(), "{err}");
+    assert!(err.is_stale_write(), "{err}");
     assert!(
         !w.ns
             .events_for("web")
@@ -950,7 +950,7 @@ async fn a_status_helm_controller_wrote_after_our_read_is_never_overwritten_by_t
     });
 
     let err = reconciler.reconcile(&w.ns.name, "web").await.unwrap_err();
-    assert!(err.is_conflict(), "{err}");
+    assert!(err.is_stale_write(), "{err}");
     let kept = w.get("web").await?.unwrap();
     assert_eq!(kept.data["status"]["lastAttemptedRevision"], "1.0.0");
     assert!(kept.data["status"].get("history").is_none());
@@ -1179,7 +1179,8 @@ async fn a_fence_an_older_flux_plunger_set_on_a_deleted_release_gets_its_label_a
     w.ns.apply_as_older_flux_plunger("web", false).await?;
     w.delete("web").await?;
     let listed = || async {
-        let fenced = plunger::drain::list_fenced(&w.client).await?;
+        let fenced =
+            plunger::drain::list_fenced(&w.client, &plunger::scope::Scope::default()).await?;
         anyhow::Ok(fenced.iter().any(|r| r.namespace == w.ns.name))
     };
     assert!(
@@ -1895,7 +1896,7 @@ async fn a_storage_secret_rewritten_after_the_listing_is_never_deleted() -> Resu
 
     assert_eq!(err.kind(), "delete_storage", "{err}");
     assert!(
-        err.is_conflict(),
+        err.is_stale_write(),
         "refused by its resourceVersion precondition: {err}"
     );
     assert_eq!(w.revisions().await?, vec!["sh.helm.release.v1.web.v1"]);
@@ -1950,5 +1951,495 @@ async fn a_status_write_by_helm_controller_mid_recovery_is_read_through_not_undo
             "{name}: suspended once, not undone and retried"
         );
     }
+    Ok(())
+}
+
+// A fence another field manager also lists (a backup restore, a hand edit, a
+// re-applied manifest): `metadata.finalizers` is a set, so an apply leaving
+// the fence out gives up only flux-plunger's claim on it.
+
+/// Lists the fence on `name` under `manager` by a merge patch, as
+/// `kubectl patch --type merge` does: the whole list, the fence appended.
+async fn add_fence_as(w: &World, name: &str, manager: &str) -> Result<()> {
+    let mut finalizers = w.view(name).await?.finalizers;
+    finalizers.push(FENCE_FINALIZER.to_owned());
+    let params = PatchParams {
+        field_manager: Some(manager.into()),
+        ..Default::default()
+    };
+    w.ns.releases()
+        .patch(
+            name,
+            &params,
+            &Patch::Merge(json!({"metadata": {"finalizers": finalizers}})),
+        )
+        .await?;
+    Ok(())
+}
+
+/// Lists the fence a second time on `name` under `manager`, by a JSON patch
+/// appending it (a set cannot hold it twice through an apply).
+async fn add_second_fence_as(w: &World, name: &str, manager: &str) -> Result<()> {
+    let params = PatchParams {
+        field_manager: Some(manager.into()),
+        ..Default::default()
+    };
+    let patch: json_patch::Patch = serde_json::from_value(json!([
+        {"op": "add", "path": "/metadata/finalizers/-", "value": FENCE_FINALIZER},
+    ]))?;
+    w.ns.releases()
+        .patch(name, &params, &Patch::<()>::Json(patch))
+        .await?;
+    Ok(())
+}
+
+/// An installed release with helm-controller's finalizer.
+async fn installed(w: &World, name: &str) -> Result<()> {
+    w.ns.create_release(name, json!({})).await?;
+    w.hc.install(name).await?;
+    assert_eq!(w.hc.handle(name).await?, Handled::AddedFinalizer);
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_fence_another_manager_also_lists_on_a_live_release_is_removed() -> Result<()> {
+    let w = world("foreign-fence-live").await?;
+    installed(&w, "web").await?;
+    add_fence_as(&w, "web", "kubectl-patch").await?;
+    w.ns.apply_as_flux_plunger("web", false).await?;
+    let offset = audit::mark();
+
+    let outcome = w.reconciler().reconcile(&w.ns.name, "web").await?;
+
+    assert_eq!(outcome, Outcome::FenceDropped);
+    assert_eq!(
+        w.view("web").await?.finalizers,
+        vec![HELM_CONTROLLER_FINALIZER]
+    );
+    // The copy another manager held went by the guarded JSON patch, pinned
+    // to what the apply returned.
+    let patches: Vec<_> = audit::read_since(offset)?
+        .into_iter()
+        .filter(|r| r.resource() == "helmreleases" && r.is_write())
+        .filter(|r| r.namespace.as_deref() == Some(w.ns.name.as_str()))
+        .map(|r| (r.field_manager().unwrap_or("-").to_owned(), r.succeeded()))
+        .collect();
+    assert_eq!(
+        patches,
+        vec![
+            ("flux-plunger".to_owned(), true),
+            ("flux-plunger-patch".to_owned(), true)
+        ]
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_fence_only_another_manager_lists_goes_once_helm_controller_has_uninstalled() -> Result<()>
+{
+    let w = world("foreign-fence-deleted").await?;
+    installed(&w, "web").await?;
+    add_fence_as(&w, "web", "kubectl-patch").await?;
+    w.delete("web").await?;
+    assert_eq!(w.hc.handle("web").await?, Handled::Uninstalled);
+
+    let outcome = w.reconciler().reconcile(&w.ns.name, "web").await?;
+
+    assert_eq!(outcome, Outcome::FenceDropped);
+    assert!(w.get("web").await?.is_none(), "the release went");
+    Ok(())
+}
+
+#[tokio::test]
+async fn our_suspension_under_a_fence_another_manager_also_lists_is_lifted_with_the_fence()
+-> Result<()> {
+    let w = world("foreign-fence-ours").await?;
+    installed(&w, "web").await?;
+    add_fence_as(&w, "web", "kubectl-patch").await?;
+    w.leave_our_suspension("web").await?;
+
+    let outcome = w.reconciler().reconcile(&w.ns.name, "web").await?;
+
+    assert_eq!(outcome, Outcome::Lifted { kept_fence: false });
+    let after = w.get("web").await?.unwrap();
+    assert_let_go(&after);
+    assert_eq!(
+        ReleaseView::from_object(&after).finalizers,
+        vec![HELM_CONTROLLER_FINALIZER]
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_fence_listed_twice_on_a_deleted_release_lets_the_suspension_go_and_keeps_both_copies()
+-> Result<()> {
+    let w = world("fence-twice").await?;
+    installed(&w, "web").await?;
+    w.leave_our_suspension("web").await?;
+    add_second_fence_as(&w, "web", "kubectl-patch").await?;
+    w.delete("web").await?;
+    assert_eq!(
+        w.hc.handle("web").await?,
+        Handled::UninstallSkippedBecauseSuspended
+    );
+    // What the apiserver does with it: the apply that keeps the fence and
+    // lifts the suspension is refused, another manager owning a copy.
+    let view = w.view("web").await?;
+    let refused = plunger::apply::apply(&w.client, &view, plunger::apply::Claim::FENCE_ONLY, false)
+        .await
+        .expect_err("the fence listed twice refuses the apply");
+    assert!(
+        plunger::error::is_field_manager_conflict(&refused),
+        "{refused}"
+    );
+
+    let lifted = w.reconciler().reconcile(&w.ns.name, "web").await?;
+
+    assert_eq!(lifted, Outcome::Lifted { kept_fence: true });
+    let held = w.view("web").await?;
+    assert!(!held.suspend, "the suspension is lifted");
+    assert_eq!(
+        held.finalizers,
+        vec![FENCE_FINALIZER, FENCE_FINALIZER],
+        "every copy of the fence stays"
+    );
+    assert!(
+        w.ns.events_for("web")
+            .await?
+            .iter()
+            .all(|e| e.reason != "UnsuspendFailed")
+    );
+    // helm-controller now uninstalls the unsuspended release; then both
+    // copies of the fence go.
+    assert_eq!(w.hc.handle("web").await?, Handled::Uninstalled);
+    assert_eq!(
+        w.reconciler().reconcile(&w.ns.name, "web").await?,
+        Outcome::FenceDropped
+    );
+    assert!(w.get("web").await?.is_none(), "the release went");
+    assert!(!w.hc.resources_exist("web").await?, "uninstalled");
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_fence_listed_twice_under_a_shared_suspension_is_reported_not_retried_in_silence()
+-> Result<()> {
+    let w = world("fence-twice-shared").await?;
+    installed(&w, "web").await?;
+    w.leave_our_suspension("web").await?;
+    w.suspend_as("web", "migration", true).await?;
+    add_second_fence_as(&w, "web", "kubectl-patch").await?;
+    w.delete("web").await?;
+
+    let err = w
+        .reconciler()
+        .reconcile(&w.ns.name, "web")
+        .await
+        .expect_err("neither an apply nor a patch may lift a co-owned suspension");
+
+    assert!(!err.is_stale_write(), "{err}");
+    let held = w.view("web").await?;
+    assert!(held.suspend, "the co-owner's suspension stays");
+    assert_eq!(held.fence_indices().len(), 2);
+    assert!(
+        w.ns.events_for("web")
+            .await?
+            .iter()
+            .any(|e| e.reason == "UnsuspendFailed" && e.type_ == "Warning"),
+        "an operator hears about it"
+    );
+    testkit::strip_fences(&w.ns).await?;
+    Ok(())
+}
+
+// Only what the real helm-controller leaves stuck is reclaimed.
+
+#[tokio::test]
+async fn an_upgrade_in_flight_after_a_recovery_is_never_reclaimed() -> Result<()> {
+    let w = world("in-flight").await?;
+    w.stuck_release("web", &[(1, "superseded"), (2, "uninstalling")])
+        .await?;
+    let r = w.reconciler();
+    assert_eq!(
+        r.reconcile(&w.ns.name, "web").await?,
+        Outcome::Recovered { revision: 2 }
+    );
+    // helm-controller starts its upgrade: Helm writes the new revision under
+    // the number just reclaimed, pending until it is done. A pass that read
+    // the release before helm-controller cleared its stuck condition lists
+    // the storage now.
+    w.ns.create_storage_secret("web", 2, "pending-upgrade")
+        .await?;
+    let before = w.revisions().await?;
+
+    let outcome = r.reconcile(&w.ns.name, "web").await?;
+
+    assert_eq!(
+        outcome,
+        Outcome::Skipped(SkipReason::StatusDoesNotExplain {
+            latest: 2,
+            status: "pending-upgrade".into()
+        })
+    );
+    assert_eq!(w.revisions().await?, before, "the upgrade's revision stays");
+    assert_let_go(&w.get("web").await?.unwrap());
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_release_no_longer_stuck_when_read_again_before_the_acquire_is_not_recovered()
+-> Result<()> {
+    let w = world("unstuck").await?;
+    w.stuck_release("web", &[(1, "superseded"), (2, "uninstalling")])
+        .await?;
+    let ns = w.ns.name.clone();
+    let client = w.client.clone();
+    let reconciler = w.reconciler_pausing(Step::Planned, move || {
+        let (ns, client) = (ns.clone(), client.clone());
+        async move {
+            // helm-controller's next pass starts and clears the condition.
+            TestNamespace { name: ns, client }
+                .set_ready(
+                    "web",
+                    "Unknown",
+                    "Progressing",
+                    "Reconciliation in progress",
+                )
+                .await
+                .unwrap();
+        }
+        .boxed()
+    });
+    let before = w.revisions().await?;
+
+    let outcome = reconciler.reconcile(&w.ns.name, "web").await?;
+
+    assert_eq!(outcome, Outcome::Skipped(SkipReason::NoLongerStuck));
+    assert_eq!(w.revisions().await?, before);
+    let after = w.get("web").await?.unwrap();
+    assert_let_go(&after);
+    assert!(
+        !ReleaseView::from_object(&after).carries_processed_annotation(),
+        "nothing written"
+    );
+    Ok(())
+}
+
+// What a recovery says, and what it leaves to do, when the release changed
+// under its final lift.
+
+#[tokio::test]
+async fn a_delete_landing_after_the_secret_delete_leaves_the_fence_re_checked_on_a_timer()
+-> Result<()> {
+    let w = world("late-delete").await?;
+    w.stuck_release("web", &[(1, "superseded"), (2, "uninstalling")])
+        .await?;
+    let releases = w.ns.releases();
+    let hc = w.hc.clone();
+    let reconciler = w.reconciler_pausing(Step::AfterDeleteStorage, move || {
+        let (releases, hc) = (releases.clone(), hc.clone());
+        async move {
+            releases
+                .delete("web", &DeleteParams::default())
+                .await
+                .unwrap();
+            // helm-controller meets the suspended delete, then stays down.
+            assert_eq!(
+                hc.handle("web").await.unwrap(),
+                Handled::UninstallSkippedBecauseSuspended
+            );
+        }
+        .boxed()
+    });
+
+    let outcome = reconciler.reconcile(&w.ns.name, "web").await?;
+
+    assert_eq!(
+        outcome,
+        Outcome::RecoveredThenDeleted {
+            revision: 2,
+            recheck: Timings::default().fence_recheck_interval
+        }
+    );
+    assert_eq!(outcome.recheck_after(), Some(Duration::from_secs(60)));
+    let held = w.view("web").await?;
+    assert!(held.terminating && held.has_fence() && !held.suspend);
+    let events = w.ns.events_for("web").await?;
+    assert!(
+        events.iter().any(|e| e.reason == "Recovered"
+            && e.note.ends_with(
+                "it was deleted meanwhile: the uninstall fence holds it until helm-controller has uninstalled it"
+            )),
+        "{events:?}"
+    );
+    testkit::strip_fences(&w.ns).await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_recovery_whose_release_another_manager_still_suspends_says_so() -> Result<()> {
+    let w = world("recovered-co-owned").await?;
+    w.stuck_release("web", &[(1, "superseded"), (2, "uninstalling")])
+        .await?;
+    let releases = w.ns.releases();
+    let reconciler = w.reconciler_pausing(Step::Acquired, move || {
+        let releases = releases.clone();
+        async move {
+            // A migration applies the same suspension: it co-owns it now.
+            let body = json!({"apiVersion": HELMRELEASE_API_VERSION, "kind": HELMRELEASE_KIND,
+                "metadata": {"name": "web"}, "spec": {"suspend": true}});
+            releases
+                .patch("web", &PatchParams::apply("migration"), &Patch::Apply(body))
+                .await
+                .unwrap();
+        }
+        .boxed()
+    });
+
+    assert_eq!(
+        reconciler.reconcile(&w.ns.name, "web").await?,
+        Outcome::Recovered { revision: 2 }
+    );
+
+    let after = w.view("web").await?;
+    assert!(
+        after.suspend && !after.suspend_owned_by_us(),
+        "the migration's"
+    );
+    assert!(!after.has_fence());
+    let notes: Vec<String> =
+        w.ns.events_for("web")
+            .await?
+            .into_iter()
+            .filter(|e| e.reason == "Recovered")
+            .map(|e| e.note)
+            .collect();
+    assert_eq!(notes.len(), 1, "{notes:?}");
+    assert!(
+        notes[0].ends_with("it stays suspended by another manager, who also suspended it meanwhile: helm-controller upgrades it once that suspension is lifted"),
+        "{notes:?}"
+    );
+    Ok(())
+}
+
+// Remote clusters: a kubeconfig Secret that could not be read is retried.
+
+#[tokio::test]
+async fn a_kubeconfig_secret_that_cannot_be_read_is_retried_not_called_unusable() -> Result<()> {
+    use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+    use kube::api::{Api, PostParams};
+    let w = world("remote-unreadable").await?;
+    w.ns.create_release(
+        "web",
+        json!({"kubeConfig": {"secretRef": {"name": "remote-kubeconfig"}}}),
+    )
+    .await?;
+    w.hc.handle("web").await?;
+    w.ns.create_storage_secret("web", 1, "uninstalling").await?;
+    w.ns.mark_stuck("web").await?;
+    // flux-plunger's identity may read releases but, for now, no Secret: the
+    // read fails, as it would while the apiserver is unreachable.
+    let role: Role = serde_json::from_value(json!({
+        "metadata": {"name": "plunger"},
+        "rules": [
+            {"apiGroups": ["helm.toolkit.fluxcd.io"], "resources": ["helmreleases"], "verbs": ["get", "list", "patch"]},
+            {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
+        ],
+    }))?;
+    Api::<Role>::namespaced(w.client.clone(), &w.ns.name)
+        .create(&PostParams::default(), &role)
+        .await?;
+    let binding: RoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": "plunger"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "plunger"},
+        "subjects": [{"kind": "ServiceAccount", "name": "plunger", "namespace": w.ns.name}],
+    }))?;
+    Api::<RoleBinding>::namespaced(w.client.clone(), &w.ns.name)
+        .create(&PostParams::default(), &binding)
+        .await?;
+    let client = control_plane()
+        .service_account_client(&w.client, &w.ns.name, "plunger")
+        .await?;
+    let reconciler = Reconciler::new(
+        client.clone(),
+        Events::new(client, "flux-plunger", None),
+        Timings::default(),
+    );
+    let before = w.get("web").await?.unwrap();
+
+    let err = reconciler
+        .reconcile(&w.ns.name, "web")
+        .await
+        .expect_err("an unreadable Secret is an error, retried with backoff");
+
+    assert_eq!(err.kind(), "read_kubeconfig", "{err}");
+    assert_eq!(err.api_code(), Some(403), "{err}");
+    assert_eq!(
+        w.get("web").await?.unwrap().metadata.resource_version,
+        before.metadata.resource_version,
+        "nothing written"
+    );
+    assert!(
+        w.ns.events_for("web")
+            .await?
+            .iter()
+            .all(|e| e.reason != "RemoteClusterUnusable"),
+        "not called unusable"
+    );
+    Ok(())
+}
+
+// One warning per release per interval, and nothing remembered beyond it.
+
+#[tokio::test]
+async fn fence_warnings_are_forgotten_once_their_interval_has_passed() -> Result<()> {
+    let w = world("fence-warnings").await?;
+    let interval = Duration::from_secs(1);
+    let reconciler = Reconciler::new(
+        w.client.clone(),
+        Events::new(w.client.clone(), "flux-plunger", None),
+        Timings {
+            fence_recheck_interval: interval,
+            fence_held_warning_after: Duration::ZERO,
+            ..Timings::default()
+        },
+    );
+    for name in ["first", "second"] {
+        // Deleted and fenced; helm-controller has not handled the delete.
+        installed(&w, name).await?;
+        w.ns.apply_as_flux_plunger(name, false).await?;
+        w.delete(name).await?;
+    }
+
+    assert!(matches!(
+        reconciler.reconcile(&w.ns.name, "first").await?,
+        Outcome::FenceHeld { .. }
+    ));
+    assert_eq!(reconciler.remembered_fence_warnings(), 1);
+    // The first warning's interval passes.
+    tokio::time::sleep(interval + Duration::from_millis(100)).await;
+    assert!(matches!(
+        reconciler.reconcile(&w.ns.name, "second").await?,
+        Outcome::FenceHeld { .. }
+    ));
+
+    assert_eq!(
+        reconciler.remembered_fence_warnings(),
+        1,
+        "only the second release's warning is remembered"
+    );
+    let warned = |name: &'static str| {
+        let ns = &w.ns;
+        async move {
+            Ok::<_, anyhow::Error>(
+                ns.events_for(name)
+                    .await?
+                    .iter()
+                    .any(|e| e.reason == "UninstallFenceHeld"),
+            )
+        }
+    };
+    assert!(warned("first").await? && warned("second").await?);
+    testkit::strip_fences(&w.ns).await?;
     Ok(())
 }

@@ -11,8 +11,9 @@ use plunger::names::{
     HELMRELEASE_KIND,
 };
 use plunger::release::ReleaseView;
+use plunger::scope::Scope;
 use plunger::sweep::{
-    Budget, HookConfig, NotReleased, Released, Uninstall, release_with_retry, run_hook,
+    Budget, HookConfig, NotReleased, Refusals, Released, Uninstall, release_with_retry, run_hook,
 };
 use serde_json::json;
 use testkit::{TestNamespace, audit, control_plane};
@@ -95,6 +96,7 @@ async fn a_release_that_changed_after_its_read_is_read_again_and_then_released()
         stale,
         budget(Duration::from_secs(10)),
         Uninstall::MaySkip,
+        Refusals::Retry,
     )
     .await?;
 
@@ -157,6 +159,7 @@ async fn release_refuses_a_release_found_deleted_and_not_uninstalled_when_it_rea
         live,
         budget(Duration::from_secs(10)),
         Uninstall::MustNotSkip,
+        Refusals::Retry,
     )
     .await;
 
@@ -189,7 +192,7 @@ async fn the_cluster_wide_listing_follows_every_page() -> Result<()> {
     // here rather than hanging the suite.
     let mut listed = tokio::time::timeout(
         Duration::from_secs(30),
-        plunger::release::list_in_pages(&ns.client, None, 2, |release| {
+        plunger::release::list_in_pages(&ns.client, &Scope::default(), 2, |release| {
             (release.namespace == ns.name).then_some(release.name)
         }),
     )
@@ -220,6 +223,7 @@ async fn a_suspension_flux_plunger_alone_holds_is_lifted_even_without_a_fence() 
         before,
         budget(Duration::from_secs(10)),
         Uninstall::MustNotSkip,
+        Refusals::Retry,
     )
     .await?;
 
@@ -259,6 +263,7 @@ async fn a_hook_whose_apiserver_never_answers_ends_at_its_window_plus_the_finish
         deployment: "flux-plunger".into(),
         pod_selector: "app.kubernetes.io/name=flux-plunger".into(),
         lease: "flux-plunger".into(),
+        scope: Scope::default(),
         retry_window: Duration::from_secs(1),
         pod_wait: Duration::from_secs(100),
         finish_margin: Duration::from_secs(2),
@@ -295,7 +300,7 @@ async fn the_hook_finds_labelled_fences_and_older_unlabelled_ones_and_releases_t
     held(&ns, "older", true).await?;
     ns.create_release("free", json!({})).await?;
 
-    let mut found: Vec<String> = plunger::sweep::list_every_fence(&ns.client)
+    let mut found: Vec<String> = plunger::sweep::list_every_fence(&ns.client, &Scope::default())
         .await?
         .into_iter()
         .filter(|r| r.namespace == ns.name)
@@ -311,6 +316,7 @@ async fn the_hook_finds_labelled_fences_and_older_unlabelled_ones_and_releases_t
         labelled,
         budget(Duration::from_secs(5)),
         Uninstall::MaySkip,
+        Refusals::Retry,
     )
     .await?;
     let after = view(&ns, "labelled").await?;

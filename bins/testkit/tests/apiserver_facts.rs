@@ -327,6 +327,18 @@ async fn a_json_patch_whose_test_op_fails_is_refused_and_changes_nothing() -> Re
         .await
         .unwrap_err();
     assert_eq!(api_error_code(&err), Some(422), "{err}");
+    assert!(plunger::error::is_failed_guard(&err), "{err}");
+    // A `test` at an index the list no longer has is refused the same way.
+    let patch: json_patch::Patch = serde_json::from_value(json!([
+        {"op": "test", "path": "/metadata/finalizers/3", "value": FENCE_FINALIZER},
+        {"op": "remove", "path": "/metadata/finalizers/3"},
+    ]))?;
+    let err = ns
+        .releases()
+        .patch("demo", &PatchParams::default(), &Patch::<()>::Json(patch))
+        .await
+        .unwrap_err();
+    assert!(plunger::error::is_failed_guard(&err), "{err}");
     let after = ns.releases().get("demo").await?;
     assert_eq!(
         after.metadata.resource_version,
@@ -337,76 +349,24 @@ async fn a_json_patch_whose_test_op_fails_is_refused_and_changes_nothing() -> Re
 }
 
 #[tokio::test]
-async fn a_finalizer_keeps_a_deleted_release_whose_spec_writes_still_bump_the_generation()
+async fn an_apply_leaving_out_a_fence_another_manager_also_lists_gives_up_only_its_claim()
 -> Result<()> {
-    let ns = namespace("facts-finalizer").await?;
-    let created = ns.create_release("demo", json!({"suspend": true})).await?;
-    let fenced = ns
-        .releases()
-        .patch(
-            "demo",
-            &PatchParams::apply(FIELD_MANAGER),
-            &Patch::Apply(apply_body(&created, None, true)),
-        )
-        .await?;
+    let ns = namespace("facts-shared-fence").await?;
+    ns.create_release("demo", json!({})).await?;
+    let params = PatchParams {
+        field_manager: Some("kubectl-patch".into()),
+        ..Default::default()
+    };
     ns.releases()
-        .delete("demo", &DeleteParams::default())
-        .await?;
-    let deleted = ns.releases().get("demo").await?;
-    assert!(deleted.metadata.deletion_timestamp.is_some());
-    assert_eq!(
-        deleted.metadata.generation,
-        fenced.metadata.generation.map(|g| g + 1),
-        "setting deletionTimestamp bumps the generation of a custom resource"
-    );
-
-    let unsuspended = ns
-        .releases()
         .patch(
             "demo",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"suspend": false}})),
+            &params,
+            &Patch::Merge(json!({"metadata": {"finalizers": [FENCE_FINALIZER]}})),
         )
         .await?;
-    assert_eq!(
-        unsuspended.metadata.generation,
-        deleted.metadata.generation.map(|g| g + 1)
-    );
+    let ours = ns.apply_as_flux_plunger("demo", false).await?;
 
-    // Giving up the fence (leaving it out of our apply) removes the last
-    // finalizer, and the release goes.
-    let mut body = apply_body(&unsuspended, None, false);
-    body["metadata"]
-        .as_object_mut()
-        .unwrap()
-        .remove("finalizers");
-    let result = ns
-        .releases()
-        .patch(
-            "demo",
-            &PatchParams::apply(FIELD_MANAGER),
-            &Patch::Apply(body),
-        )
-        .await;
-    assert!(result.is_ok(), "{result:?}");
-    assert!(ns.releases().get_opt("demo").await?.is_none());
-    Ok(())
-}
-
-#[tokio::test]
-async fn leaving_suspend_out_of_a_later_apply_unsets_it_when_we_were_the_only_owner() -> Result<()>
-{
-    let ns = namespace("facts-giveup-sole").await?;
-    let created = ns.create_release("demo", json!({})).await?;
-    let ours = ns
-        .releases()
-        .patch(
-            "demo",
-            &PatchParams::apply(FIELD_MANAGER),
-            &Patch::Apply(apply_body(&created, Some(true), true)),
-        )
-        .await?;
-    let lifted = ns
+    let given_up = ns
         .releases()
         .patch(
             "demo",
@@ -414,66 +374,84 @@ async fn leaving_suspend_out_of_a_later_apply_unsets_it_when_we_were_the_only_ow
             &Patch::Apply(apply_body(&ours, None, false)),
         )
         .await?;
-    assert!(
-        lifted.data["spec"].get("suspend").is_none(),
-        "{:?}",
-        lifted.data["spec"]
-    );
-    assert!(
-        lifted
-            .metadata
-            .finalizers
-            .clone()
-            .unwrap_or_default()
-            .is_empty()
-    );
-    assert!(managers_owning_suspend(&lifted).is_empty());
+
     assert_eq!(
-        lifted.data["spec"]["interval"], "5m",
-        "other fields untouched"
+        given_up.metadata.finalizers.as_deref(),
+        Some(&[FENCE_FINALIZER.to_owned()][..]),
+        "the other manager's claim keeps it"
     );
     Ok(())
 }
 
 #[tokio::test]
-async fn leaving_suspend_out_of_a_later_apply_keeps_it_when_someone_else_co_owns_it() -> Result<()>
+async fn with_the_fence_listed_twice_an_apply_naming_it_is_a_field_manager_conflict() -> Result<()>
 {
-    let ns = namespace("facts-giveup-shared").await?;
-    let created = ns.create_release("demo", json!({})).await?;
-    ns.releases()
-        .patch(
-            "demo",
-            &PatchParams::apply(FIELD_MANAGER),
-            &Patch::Apply(apply_body(&created, Some(true), true)),
-        )
+    let ns = namespace("facts-twice").await?;
+    ns.create_release("demo", json!({})).await?;
+    ns.apply_as_flux_plunger("demo", true).await?;
+    let params = PatchParams {
+        field_manager: Some("kubectl-patch".into()),
+        ..Default::default()
+    };
+    let patch: json_patch::Patch = serde_json::from_value(json!([
+        {"op": "add", "path": "/metadata/finalizers/-", "value": FENCE_FINALIZER},
+    ]))?;
+    let twice = ns
+        .releases()
+        .patch("demo", &params, &Patch::<()>::Json(patch))
         .await?;
-    let body = json!({"apiVersion": HELMRELEASE_API_VERSION, "kind": HELMRELEASE_KIND,
-        "metadata": {"name": "demo", "finalizers": [FENCE_FINALIZER]}, "spec": {"suspend": true}});
-    let shared = ns
+    // The duplicated entry is now the appending manager's alone.
+    assert!(
+        !fence_owners(&twice).contains(&FIELD_MANAGER.to_owned()),
+        "{:?}",
+        fence_owners(&twice)
+    );
+
+    // Naming the fence (to keep it while the suspension goes, or with it):
+    // refused, with a cause that names the manager, whatever is re-read.
+    for suspend in [None, Some(true)] {
+        let err = ns
+            .releases()
+            .patch(
+                "demo",
+                &PatchParams::apply(FIELD_MANAGER),
+                &Patch::Apply(apply_body(&twice, suspend, true)),
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(api_error_code(&err), Some(409), "{err}");
+        assert!(
+            plunger::error::is_field_manager_conflict(&err),
+            "suspend {suspend:?}: {err}"
+        );
+        assert!(!plunger::error::is_stale_write(&err));
+    }
+    // A stale resourceVersion is the other 409: no field-manager cause (on an
+    // apply that leaves the fence out; one naming it reports the conflict).
+    let mut stale = apply_body(&twice, None, false);
+    stale["metadata"]["resourceVersion"] = json!("1");
+    let err = ns
         .releases()
         .patch(
             "demo",
-            &PatchParams::apply("migration"),
-            &Patch::Apply(body),
+            &PatchParams::apply(FIELD_MANAGER),
+            &Patch::Apply(stale),
         )
-        .await?;
-    let lifted = ns
+        .await
+        .unwrap_err();
+    assert!(plunger::error::is_stale_write(&err), "{err}");
+    // Leaving the fence out goes through, and leaves both copies.
+    let given_up = ns
         .releases()
         .patch(
             "demo",
             &PatchParams::apply(FIELD_MANAGER),
-            &Patch::Apply(apply_body(&shared, None, false)),
+            &Patch::Apply(apply_body(&twice, None, false)),
         )
         .await?;
-    assert_eq!(lifted.data["spec"]["suspend"], true);
-    assert_eq!(
-        lifted.metadata.finalizers,
-        Some(vec![FENCE_FINALIZER.to_owned()])
-    );
-    assert_eq!(
-        managers_owning_suspend(&lifted),
-        owners(&[("migration", "Apply")])
-    );
+    let view = ReleaseView::from_object(&given_up);
+    assert!(!view.suspend, "the suspension was ours alone: it went");
+    assert_eq!(view.fence_indices(), vec![0, 1]);
     Ok(())
 }
 
@@ -522,4 +500,22 @@ async fn the_fence_label_selects_a_release_server_side_while_the_fence_is_held_a
     );
     assert!(selected().await?.is_empty());
     Ok(())
+}
+
+/// The managers whose managedFields entries list the fence.
+fn fence_owners(obj: &DynamicObject) -> Vec<String> {
+    let key = format!("v:\"{FENCE_FINALIZER}\"");
+    obj.metadata
+        .managed_fields
+        .iter()
+        .flatten()
+        .filter(|e| {
+            e.fields_v1
+                .as_ref()
+                .and_then(|f| f.0.get("f:metadata"))
+                .and_then(|m| m.get("f:finalizers"))
+                .is_some_and(|f| f.get(&key).is_some())
+        })
+        .filter_map(|e| e.manager.clone())
+        .collect()
 }

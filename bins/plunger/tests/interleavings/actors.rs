@@ -13,7 +13,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use plunger::decide::is_of_interest;
 use plunger::events::Events;
 use plunger::names::{HELMRELEASE_API_VERSION, HELMRELEASE_KIND};
-use plunger::reconcile::{Outcome, Reconciler, Step, TestHooks};
+use plunger::reconcile::{Reconciler, Step, TestHooks};
 use plunger::release::{ReleaseView, helmreleases};
 use plunger::timings::Timings;
 use serde_json::json;
@@ -174,7 +174,7 @@ pub async fn controller_loop(
         // The queue's and the scheduler's delay before a pass starts.
         tokio::time::sleep(rng.delay_up_to(delay_max)).await;
         match reconciler.reconcile(&namespace, NAME).await {
-            Ok(outcome @ (Outcome::FenceHeld { .. } | Outcome::RateLimited { .. })) => {
+            Ok(outcome) if outcome.recheck_after().is_some() => {
                 timeline.note("plunger", format!("{outcome:?} (woken at {woken_at})"));
                 requeue_at = Some(tokio::time::Instant::now() + rng.delay_up_to(delay_max * 4));
             }

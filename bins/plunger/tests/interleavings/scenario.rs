@@ -83,8 +83,9 @@ impl Scenario {
             seed,
             // Statuses that explain "has no deployed releases" below too: only
             // the processed guard keeps the revision below from being reclaimed.
-            below_status: *rng.pick(&["superseded", "failed", "pending-upgrade"]),
-            stuck_status: *rng.pick(&["uninstalling", "failed", "pending-upgrade", "unknown"]),
+            below_status: *rng.pick(&["superseded", "uninstalled", "unknown"]),
+            // The statuses the real helm-controller leaves stuck.
+            stuck_status: *rng.pick(&["uninstalling", "uninstalled", "unknown"]),
             foreign,
             delete,
             step_delay_max: *rng.pick(&[ms(0), ms(20), ms(80), ms(250)]),
