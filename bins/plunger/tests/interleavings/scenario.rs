@@ -79,13 +79,24 @@ impl Scenario {
         });
         let delete = rng.chance(0.7).then(|| trigger(&mut rng));
         let ms = Duration::from_millis;
+        // Statuses that explain "has no deployed releases" below too: only
+        // the processed guard keeps the revision below from being reclaimed.
+        let below_status = *rng.pick(&["superseded", "uninstalled", "unknown"]);
+        // The statuses the real helm-controller leaves stuck.
+        let stuck_status = *rng.pick(&["uninstalling", "uninstalled", "unknown"]);
+        // Helm writes `uninstalled` only after deleting the objects, so a
+        // release whose every revision says so has nothing installed, which
+        // the world's installed resources would contradict (and nothing for a
+        // delete to uninstall): below an `uninstalled` one, `unknown` instead.
+        let below_status = if (below_status, stuck_status) == ("uninstalled", "uninstalled") {
+            "unknown"
+        } else {
+            below_status
+        };
         Self {
             seed,
-            // Statuses that explain "has no deployed releases" below too: only
-            // the processed guard keeps the revision below from being reclaimed.
-            below_status: *rng.pick(&["superseded", "uninstalled", "unknown"]),
-            // The statuses the real helm-controller leaves stuck.
-            stuck_status: *rng.pick(&["uninstalling", "uninstalled", "unknown"]),
+            below_status,
+            stuck_status,
             foreign,
             delete,
             step_delay_max: *rng.pick(&[ms(0), ms(20), ms(80), ms(250)]),
