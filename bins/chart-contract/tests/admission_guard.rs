@@ -537,6 +537,21 @@ async fn release_writes(
         "remove the fence by its index",
         json_patch(remove_finalizer_at(1, FENCE_FINALIZER)).await?,
     );
+    // What the controller and the drain send where an apply cannot let go
+    // (a copy of the fence another manager lists): pinned to the read, every
+    // copy of the fence and its label removed.
+    let web = ReleaseView::from_object(&releases.get("web").await?);
+    ensure!(web.fence_labelled && !web.fence_indices().is_empty());
+    verdicts.allowed(
+        "the guarded patch removing the fence and its label",
+        json_patch(apply::guarded_patch(
+            &web,
+            false,
+            &web.fence_indices(),
+            true,
+        ))
+        .await?,
+    );
     verdicts.allowed(
         "restore an empty history and the storage namespace",
         releases
