@@ -92,13 +92,27 @@ impl Error {
 
 /// An error as a log line or a report shows it: for a refusal, the
 /// apiserver's message with its code and reason, without the whole status
-/// kube's `Display` appends in its `Debug` form.
+/// kube's `Display` appends in its `Debug` form; for a failure to reach the
+/// apiserver, each cause in turn, down to the one that names what happened
+/// ("Connection refused"), which kube's own message leaves out.
 pub fn describe(err: &kube::Error) -> String {
     match err {
         kube::Error::Api(status) => {
             format!("{} ({} {})", status.message, status.code, status.reason)
         }
-        other => other.to_string(),
+        other => {
+            let mut text = other.to_string();
+            let mut cause = std::error::Error::source(other);
+            while let Some(next) = cause {
+                let said = next.to_string();
+                if !text.contains(&said) {
+                    text.push_str(": ");
+                    text.push_str(&said);
+                }
+                cause = next.source();
+            }
+            text
+        }
     }
 }
 
@@ -182,6 +196,20 @@ mod tests {
             }),
             ..Default::default()
         }))
+    }
+
+    #[test]
+    fn a_failure_to_connect_is_described_down_to_its_cause() {
+        #[derive(Debug, thiserror::Error)]
+        #[error("client error (Connect)")]
+        struct Connect(#[source] std::io::Error);
+        let refused =
+            std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "Connection refused");
+        let err = kube::Error::Service(Box::new(Connect(refused)));
+        assert_eq!(
+            describe(&err),
+            "ServiceError: client error (Connect): Connection refused"
+        );
     }
 
     #[test]
