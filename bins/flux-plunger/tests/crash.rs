@@ -133,8 +133,8 @@ crash_cases! {
     foreign_suspension_deleted_before_drop_fence: ForeignSuspensionDeleted, at "before-drop-fence", state "terminating fenced history";
     foreign_suspension_deleted_after_drop_fence: ForeignSuspensionDeleted, at "after-drop-fence", state "gone";
 
-    foreign_fence_before_guarded_patch: ForeignFence, at "before-guarded-patch", state "live fenced";
-    foreign_fence_after_guarded_patch: ForeignFence, at "after-guarded-patch", state "live";
+    foreign_fence_before_guarded_patch: ForeignFence, at "before-guarded-patch", state "live fenced history";
+    foreign_fence_after_guarded_patch: ForeignFence, at "after-guarded-patch", state "live history";
 }
 
 #[test]
