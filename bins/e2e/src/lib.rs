@@ -156,32 +156,44 @@ pub async fn apply_as_flux_plunger(
     suspend: Option<bool>,
     fence: bool,
 ) -> Result<Observed> {
-    let current = ns.releases().get(name).await?;
-    let mut body = json!({
-        "apiVersion": names::HELMRELEASE_API_VERSION,
-        "kind": names::HELMRELEASE_KIND,
-        "metadata": {
-            "name": name,
-            "namespace": ns.name,
-            "resourceVersion": current.metadata.resource_version,
-            "uid": current.metadata.uid,
-        },
-    });
-    if fence {
-        body["metadata"]["finalizers"] = json!([names::FENCE_FINALIZER]);
+    // The apply is preconditioned on the resourceVersion it read, as
+    // flux-plunger's are; the real helm-controller writes the status at any
+    // moment, so a 409 means "read again", as it does for flux-plunger.
+    const ATTEMPTS: u32 = 10;
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let current = ns.releases().get(name).await?;
+        let mut body = json!({
+            "apiVersion": names::HELMRELEASE_API_VERSION,
+            "kind": names::HELMRELEASE_KIND,
+            "metadata": {
+                "name": name,
+                "namespace": ns.name,
+                "resourceVersion": current.metadata.resource_version,
+                "uid": current.metadata.uid,
+            },
+        });
+        if fence {
+            body["metadata"]["finalizers"] = json!([names::FENCE_FINALIZER]);
+        }
+        if let Some(suspend) = suspend {
+            body["spec"] = json!({ "suspend": suspend });
+        }
+        match ns
+            .releases()
+            .patch(
+                name,
+                &PatchParams::apply(names::FIELD_MANAGER),
+                &Patch::Apply(body),
+            )
+            .await
+        {
+            Ok(applied) => return Ok(Observed::of(&applied)),
+            Err(kube::Error::Api(status)) if status.code == 409 && attempt < ATTEMPTS => {}
+            Err(err) => return Err(err.into()),
+        }
     }
-    if let Some(suspend) = suspend {
-        body["spec"] = json!({ "suspend": suspend });
-    }
-    let applied = ns
-        .releases()
-        .patch(
-            name,
-            &PatchParams::apply(names::FIELD_MANAGER),
-            &Patch::Apply(body),
-        )
-        .await?;
-    Ok(Observed::of(&applied))
 }
 
 /// Removes finalizer `finalizer` from release `name` with a JSON patch
