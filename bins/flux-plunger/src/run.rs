@@ -118,9 +118,9 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     }
 
     let mut controller_task = controller_task;
-    let stop = tokio::select! {
-        stop = stop_rx.wait_for(|s| *s != Stop::Running) => *stop.context("the stop channel closed")?,
-        ended = &mut controller_task => {
+    let stop = match until_stopped_or_ended(&mut stop_rx, &mut controller_task).await? {
+        Ended::Stopped(stop) => stop,
+        Ended::OnItsOwn(ended) => {
             // Nothing is watched or reconciled any more, yet the Lease and
             // the probes would go on: exit, so that the kubelet restarts the
             // container and the next leader takes over.
@@ -155,6 +155,31 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
     }
+}
+
+/// What ended the wait of [`until_stopped_or_ended`].
+enum Ended {
+    /// A signal or the lost Lease.
+    Stopped(Stop),
+    /// The controller task ended though nothing told it to.
+    OnItsOwn(Result<(), tokio::task::JoinError>),
+}
+
+/// Waits for a stop or for the controller task's end, whichever is first. A
+/// stop ends the controller task too, so after a signal both are ready at
+/// once: the stop is looked at first, or a clean stop would be taken for a
+/// controller that died.
+async fn until_stopped_or_ended(
+    stop_rx: &mut watch::Receiver<Stop>,
+    controller_task: &mut tokio::task::JoinHandle<()>,
+) -> anyhow::Result<Ended> {
+    Ok(tokio::select! {
+        biased;
+        stop = stop_rx.wait_for(|s| *s != Stop::Running) => {
+            Ended::Stopped(*stop.context("the stop channel closed")?)
+        }
+        ended = controller_task => Ended::OnItsOwn(ended),
+    })
 }
 
 async fn stop_on_signal(stop: watch::Sender<Stop>) {
@@ -245,4 +270,40 @@ pub fn validate(args: &Args) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// After a signal the controller task ends because of it: every time,
+    /// the wait says "stopped", never "ended on its own".
+    #[tokio::test]
+    async fn a_stop_is_seen_first_when_the_controller_ended_because_of_it() {
+        for _ in 0..200 {
+            let (stop_tx, mut stop_rx) = watch::channel(Stop::Running);
+            let mut told = stop_tx.subscribe();
+            let mut task = tokio::spawn(async move {
+                let _ = told.wait_for(|s| *s != Stop::Running).await;
+            });
+            stop_tx.send(Stop::Signal).unwrap();
+            while !task.is_finished() {
+                tokio::task::yield_now().await;
+            }
+            let ended = until_stopped_or_ended(&mut stop_rx, &mut task)
+                .await
+                .unwrap();
+            assert!(matches!(ended, Ended::Stopped(Stop::Signal)));
+        }
+    }
+
+    #[tokio::test]
+    async fn a_controller_that_ends_unasked_is_told_apart() {
+        let (_stop_tx, mut stop_rx) = watch::channel(Stop::Running);
+        let mut task = tokio::spawn(async {});
+        let ended = until_stopped_or_ended(&mut stop_rx, &mut task)
+            .await
+            .unwrap();
+        assert!(matches!(ended, Ended::OnItsOwn(Ok(()))));
+    }
 }
