@@ -228,14 +228,16 @@ async fn acquire(
     }
 }
 
-/// Renews the Lease every retry period while running; a leader that could
-/// not renew within the renew deadline stops writing.
+/// Renews the Lease every renew interval while running, and every retry
+/// period after a renewal failed; a leader that could not renew within the
+/// renew deadline stops writing.
 async fn keep_lease(mut lock: LeaseLock, timings: Timings, stop: watch::Sender<Stop>) {
     let mut last_renewal = Instant::now();
     let mut rx = stop.subscribe();
+    let mut next_in = timings.lease_renew_interval;
     loop {
         tokio::select! {
-            _ = tokio::time::sleep(timings.lease_retry_period) => {}
+            _ = tokio::time::sleep(next_in) => {}
             // Stopped: leave the Lease as it is, for the drain.
             _ = rx.wait_for(|s| *s != Stop::Running) => return,
         }
@@ -245,7 +247,11 @@ async fn keep_lease(mut lock: LeaseLock, timings: Timings, stop: watch::Sender<S
         )
         .await
         {
-            Ok(Ok(Attempt::Held)) => last_renewal = Instant::now(),
+            Ok(Ok(Attempt::Held)) => {
+                last_renewal = Instant::now();
+                next_in = timings.lease_renew_interval;
+                continue;
+            }
             Ok(Ok(Attempt::HeldBy(holder))) => {
                 tracing::error!(holder = %holder, "the leader Lease was taken over");
                 let _ = stop.send(Stop::LostLease);
@@ -258,6 +264,7 @@ async fn keep_lease(mut lock: LeaseLock, timings: Timings, stop: watch::Sender<S
             let _ = stop.send(Stop::LostLease);
             return;
         }
+        next_in = timings.lease_retry_period;
     }
 }
 

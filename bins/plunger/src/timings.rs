@@ -44,8 +44,15 @@ pub const FENCE_RECHECK_INTERVAL: Duration = Duration::from_secs(60);
 /// How long a delete may be held by the fence before `UninstallFenceHeld`.
 pub const FENCE_HELD_WARNING_AFTER: Duration = Duration::from_secs(600);
 
-/// How often the leader renews its Lease, and a waiting candidate retries.
+/// How often a waiting candidate tries for the Lease, a leader retries a
+/// renewal that failed, and the drain renews while it works.
 pub const LEASE_RETRY_PERIOD: Duration = Duration::from_secs(2);
+/// How often a leader renews its Lease while renewals succeed: ten requests a
+/// minute while idle (the original sends twelve). Short enough that a failed
+/// renewal is retried before the renew deadline; the Lease's duration does
+/// not depend on it (a leader gives up at the renew deadline whenever its
+/// last success was).
+pub const LEASE_RENEW_INTERVAL: Duration = Duration::from_secs(6);
 /// A leader that could not renew for this long stops acting.
 pub const LEASE_RENEW_DEADLINE: Duration = Duration::from_secs(10);
 /// Margin for clock skew between nodes on top of the Lease arithmetic.
@@ -93,6 +100,7 @@ pub struct Timings {
     pub lease_duration: Duration,
     pub lease_renew_deadline: Duration,
     pub lease_retry_period: Duration,
+    pub lease_renew_interval: Duration,
     /// How long any request but a watch may wait for its answer.
     pub request_timeout: Duration,
     /// The pre-delete hook's budget.
@@ -142,6 +150,7 @@ impl Timings {
                 + LEASE_SKEW_MARGIN,
             lease_renew_deadline: LEASE_RENEW_DEADLINE,
             lease_retry_period: LEASE_RETRY_PERIOD,
+            lease_renew_interval: LEASE_RENEW_INTERVAL,
             request_timeout: REQUEST_TIMEOUT,
             hook_active_deadline: HOOK_ACTIVE_DEADLINE,
             hook_retry_window: HOOK_RETRY_WINDOW,
@@ -212,6 +221,14 @@ mod tests {
                 "G={g}: a request started at the end of the hook's window ends inside its margin"
             );
             assert!(t.lease_retry_period < t.lease_renew_deadline, "G={g}");
+            assert!(
+                t.lease_renew_interval + t.lease_retry_period < t.lease_renew_deadline,
+                "G={g}: a renewal that fails is tried again before the leader gives up"
+            );
+            assert!(
+                t.lease_renew_interval >= t.lease_retry_period,
+                "G={g}: a healthy leader renews no more often than a candidate retries"
+            );
         }
     }
 
