@@ -155,6 +155,48 @@ async fn a_drain_releases_live_fences_and_leaves_foreign_suspensions_alone() -> 
     Ok(())
 }
 
+/// A fence nobody touched since the drain listed it costs one request: the
+/// write, preconditioned on the listed resourceVersion (no read before it).
+#[tokio::test]
+async fn a_drain_writes_each_unchanged_fence_once_from_its_listing() -> Result<()> {
+    let _turn = testkit::cluster_wide_turn().await;
+    let (ns, hc) = setup("drain-once").await?;
+    let names: Vec<String> = (0..5).map(|i| format!("held-{i}")).collect();
+    for name in &names {
+        installed(&ns, &hc, name).await?;
+        ns.apply_as_flux_plunger(name, true).await?;
+    }
+    lead(&ns, POD).await?;
+
+    let offset = testkit::audit::mark();
+    let sidecar = start(&ns, "90").await?;
+    let (status, log, _) = sidecar.terminate().await?;
+    assert!(status.success(), "{status:?}\n{log}");
+    for name in &names {
+        let release = view(&ns, name).await?.unwrap();
+        assert!(!release.suspend && !release.has_fence(), "{name} is held");
+    }
+
+    // The drain runs as the chart's ServiceAccount of this namespace; the
+    // test and its helm-controller write as the admin.
+    let ours = format!("system:serviceaccount:{}:", ns.name);
+    let on_releases: Vec<(String, String)> = testkit::audit::read_since(offset)?
+        .into_iter()
+        .filter(|r| r.user.starts_with(&ours) && r.resource() == "helmreleases")
+        .filter(|r| r.namespace.as_deref() == Some(ns.name.as_str()))
+        .map(|r| (r.verb, r.name))
+        .collect();
+    for name in &names {
+        let verbs: Vec<&str> = on_releases
+            .iter()
+            .filter(|(_, n)| n == name)
+            .map(|(verb, _)| verb.as_str())
+            .collect();
+        assert_eq!(verbs, ["patch"], "the drain's requests on {name}");
+    }
+    Ok(())
+}
+
 #[tokio::test]
 async fn a_drain_carries_a_deleted_release_through_the_uninstall() -> Result<()> {
     let _turn = testkit::cluster_wide_turn().await;

@@ -4,8 +4,10 @@
 //! A live release loses our suspension (if ours) and the fence together;
 //! another manager's suspension is left alone. A release being deleted goes
 //! through SPEC §5 until helm-controller has uninstalled it and the fence can
-//! go, or until the deadline. Each release is one `Reconciler::settle`, which
-//! never starts a recovery; releases are drained in parallel, bounded.
+//! go, or until the deadline. Each release is one
+//! `Reconciler::settle_as_listed`, which never starts a recovery and writes
+//! from what the listing returned (one request a fence, where nothing changed
+//! since); releases are drained in parallel, bounded.
 //!
 //! The drain works until its deadline, whatever the apiserver does: a failed
 //! listing is retried (a read is always safe), a write waits while the
@@ -161,7 +163,7 @@ pub async fn drain(
         }
         let mut outcomes = stream::iter(fenced)
             .map(|release| async move {
-                let outcome = reconciler.settle(&release.namespace, &release.name).await;
+                let outcome = reconciler.settle_as_listed(&release).await;
                 (release.key(), outcome)
             })
             .buffer_unordered(concurrency.max(1));

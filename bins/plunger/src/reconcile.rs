@@ -279,6 +279,20 @@ impl Reconciler {
         self.carry_out(&release, decision).await
     }
 
+    /// [`Self::settle`] from the release as a listing just returned it, which
+    /// saves the read: every write is preconditioned on the listed
+    /// resourceVersion (or guarded by a `test` of what it read), so a release
+    /// changed since is refused, read again and settled from that read.
+    pub async fn settle_as_listed(&self, release: &ReleaseView) -> Result<Outcome, Error> {
+        let decision = self.decide_now(release).await?;
+        match self.carry_out(release, decision).await {
+            Err(err) if err.is_stale_write() || crate::error::is_failed_guard(err.source()) => {
+                self.settle(&release.namespace, &release.name).await
+            }
+            outcome => outcome,
+        }
+    }
+
     /// `decide`, reading the Helm storage when the decision depends on it.
     async fn decide_now(&self, release: &ReleaseView) -> Result<Decision, Error> {
         let clock = self.clock(release);
