@@ -196,43 +196,90 @@ impl TestNamespace {
         revision: u64,
         status: &str,
     ) -> Result<Secret> {
-        let labels = BTreeMap::from([
-            (
-                names::HELM_STORAGE_OWNER_LABEL.to_owned(),
-                "helm".to_owned(),
-            ),
-            (
-                names::HELM_STORAGE_NAME_LABEL.to_owned(),
-                release.to_owned(),
-            ),
-            (
-                names::HELM_STORAGE_VERSION_LABEL.to_owned(),
-                revision.to_string(),
-            ),
-            (
-                names::HELM_STORAGE_STATUS_LABEL.to_owned(),
-                status.to_owned(),
-            ),
-        ]);
-        let secret = Secret {
-            metadata: ObjectMeta {
-                name: Some(names::storage_secret_name(release, revision)),
-                labels: Some(labels),
-                ..Default::default()
-            },
-            type_: Some(names::HELM_STORAGE_SECRET_TYPE.to_owned()),
-            data: Some(BTreeMap::from([(
-                "release".to_owned(),
-                ByteString(crate::helm_storage::encode_release(&stored_release(
-                    release, &self.name, revision, status,
-                ))?),
-            )])),
-            ..Default::default()
-        };
+        let payload = crate::helm_storage::encode_release(&stored_release(
+            release, &self.name, revision, status,
+        ))?;
+        let secret = storage_secret(release, revision, status, payload);
         Ok(self
             .secrets()
             .create(&PostParams::default(), &secret)
             .await?)
+    }
+
+    /// [`TestNamespace::create_storage_secret`] with a payload of about
+    /// `bytes` (as stored in the Secret), as a chart with big manifests
+    /// leaves; returns the payload's exact size.
+    pub async fn create_large_storage_secret(
+        &self,
+        release: &str,
+        revision: u64,
+        status: &str,
+        bytes: usize,
+    ) -> Result<usize> {
+        let mut content = stored_release(release, &self.name, revision, status);
+        // Hex holds 4 bits a character, which gzip gets back: gzip'd and
+        // base64'd, it comes to about 0.7 of its length.
+        content["manifest"] = Value::String(noise(revision, bytes * 10 / 7));
+        let payload = crate::helm_storage::encode_release(&content)?;
+        let size = payload.len();
+        self.secrets()
+            .create(
+                &PostParams::default(),
+                &storage_secret(release, revision, status, payload),
+            )
+            .await?;
+        Ok(size)
+    }
+}
+
+/// `len` pseudo-random hex digits from `seed` (xorshift64): a manifest that
+/// does not compress away.
+fn noise(seed: u64, len: usize) -> String {
+    let mut state = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    let mut hex = String::with_capacity(len + 16);
+    while hex.len() < len {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        hex.push_str(&format!("{state:016x}"));
+    }
+    hex.truncate(len);
+    hex
+}
+
+/// The Helm storage Secret of `release` at `revision`, holding `payload`
+/// (an encoded release, as `helm_storage::encode_release` makes it).
+pub fn storage_secret(release: &str, revision: u64, status: &str, payload: Vec<u8>) -> Secret {
+    let labels = BTreeMap::from([
+        (
+            names::HELM_STORAGE_OWNER_LABEL.to_owned(),
+            "helm".to_owned(),
+        ),
+        (
+            names::HELM_STORAGE_NAME_LABEL.to_owned(),
+            release.to_owned(),
+        ),
+        (
+            names::HELM_STORAGE_VERSION_LABEL.to_owned(),
+            revision.to_string(),
+        ),
+        (
+            names::HELM_STORAGE_STATUS_LABEL.to_owned(),
+            status.to_owned(),
+        ),
+    ]);
+    Secret {
+        metadata: ObjectMeta {
+            name: Some(names::storage_secret_name(release, revision)),
+            labels: Some(labels),
+            ..Default::default()
+        },
+        type_: Some(names::HELM_STORAGE_SECRET_TYPE.to_owned()),
+        data: Some(BTreeMap::from([(
+            "release".to_owned(),
+            ByteString(payload),
+        )])),
+        ..Default::default()
     }
 }
 
