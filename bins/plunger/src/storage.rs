@@ -4,9 +4,15 @@
 //! Always read from the apiserver (a plain LIST is a consistent read), never a
 //! watch cache: a lagging cache would let the processed guard delete the
 //! revision below the one just reclaimed. flux-plunger does not watch Secrets.
+//!
+//! Storage is listed as metadata only (a `PartialObjectMetadataList`): a
+//! revision's payload (gzip'd manifests, up to about 1 MiB, for every revision
+//! kept) is not needed to find or delete one, and a payload not read is one
+//! neither held nor sent over the wire. The one payload read is the snapshot
+//! the uninstall hand-over needs.
 
 use k8s_openapi::api::core::v1::Secret;
-use kube::api::{Api, DeleteParams, ListParams, Preconditions};
+use kube::api::{Api, DeleteParams, ListParams, PartialObjectMeta, Preconditions};
 use kube::{Client, ResourceExt};
 use sha2::{Digest, Sha256};
 
@@ -91,11 +97,16 @@ pub struct IgnoredSecret {
     pub why: String,
 }
 
+/// A storage Secret as listed: its metadata, no payload.
+pub type ListedSecret = PartialObjectMeta<Secret>;
+
 /// Sorts listed Secrets into well-formed revisions of `location` and the rest.
 /// Only a Secret whose type, labels and name all agree is a revision: a
-/// contradiction means something else wrote it, and we never delete it.
+/// contradiction means something else wrote it, and we never delete it. The
+/// type is not in a metadata list: `list_storage` asks the apiserver for
+/// Helm's storage type alone, so a Secret of another type never comes here.
 pub fn parse_revisions(
-    secrets: &[Secret],
+    secrets: &[ListedSecret],
     location: &StorageLocation,
 ) -> (Vec<StorageRevision>, Vec<IgnoredSecret>) {
     let mut revisions = Vec::new();
@@ -111,15 +122,12 @@ pub fn parse_revisions(
     (revisions, ignored)
 }
 
-fn parse_revision(secret: &Secret, location: &StorageLocation) -> Result<StorageRevision, String> {
+fn parse_revision(
+    secret: &ListedSecret,
+    location: &StorageLocation,
+) -> Result<StorageRevision, String> {
     let labels = secret.labels();
     let label = |key: &str| labels.get(key).map(String::as_str);
-    if secret.type_.as_deref() != Some(HELM_STORAGE_SECRET_TYPE) {
-        return Err(format!(
-            "type is {:?}, not {HELM_STORAGE_SECRET_TYPE}",
-            secret.type_
-        ));
-    }
     if label(HELM_STORAGE_OWNER_LABEL) != Some("helm") {
         return Err("label owner is not helm".to_owned());
     }
@@ -151,20 +159,28 @@ fn parse_revision(secret: &Secret, location: &StorageLocation) -> Result<Storage
     })
 }
 
-/// Lists the storage Secrets of `location` from the apiserver.
+/// Lists the storage Secrets of `location` from the apiserver, as metadata:
+/// only Secrets of Helm's storage type, with the labels of this release. The
+/// type must be selected here, for a metadata list does not carry it.
 pub async fn list_storage(
     client: &Client,
     location: &StorageLocation,
-) -> kube::Result<Vec<Secret>> {
+) -> kube::Result<Vec<ListedSecret>> {
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &location.namespace);
-    let selector = format!(
+    Ok(secrets
+        .list_metadata(&storage_list_params(location))
+        .await?
+        .items)
+}
+
+fn storage_list_params(location: &StorageLocation) -> ListParams {
+    let labels = format!(
         "{HELM_STORAGE_OWNER_LABEL}=helm,{HELM_STORAGE_NAME_LABEL}={}",
         location.release_name
     );
-    Ok(secrets
-        .list(&ListParams::default().labels(&selector))
-        .await?
-        .items)
+    ListParams::default()
+        .labels(&labels)
+        .fields(&format!("type={HELM_STORAGE_SECRET_TYPE}"))
 }
 
 /// Reads one revision's payload and makes helm-controller's history entry of
@@ -215,8 +231,8 @@ mod tests {
         }
     }
 
-    fn secret(name: &str, type_: &str, labels: &[(&str, &str)]) -> Secret {
-        Secret {
+    fn secret(name: &str, labels: &[(&str, &str)]) -> ListedSecret {
+        ListedSecret {
             metadata: ObjectMeta {
                 name: Some(name.into()),
                 uid: Some(format!("uid-{name}")),
@@ -229,16 +245,14 @@ mod tests {
                 ),
                 ..Default::default()
             },
-            type_: Some(type_.into()),
             ..Default::default()
         }
     }
 
-    fn good(n: u64, status: &str) -> Secret {
+    fn good(n: u64, status: &str) -> ListedSecret {
         let version = n.to_string();
         secret(
             &format!("sh.helm.release.v1.web.v{n}"),
-            HELM_STORAGE_SECRET_TYPE,
             &[
                 ("owner", "helm"),
                 ("name", "web"),
@@ -262,57 +276,59 @@ mod tests {
     }
 
     #[test]
-    fn secrets_whose_type_labels_or_name_disagree_are_never_revisions() {
+    fn secrets_whose_labels_or_name_disagree_are_never_revisions() {
         let odd = [
             secret(
-                "sh.helm.release.v1.web.v2",
-                "Opaque",
-                &[("owner", "helm"), ("name", "web"), ("version", "2")],
-            ),
-            secret(
                 "sh.helm.release.v1.web.v3",
-                HELM_STORAGE_SECRET_TYPE,
                 &[("owner", "someone"), ("name", "web"), ("version", "3")],
             ),
             secret(
                 "sh.helm.release.v1.web.v4",
-                HELM_STORAGE_SECRET_TYPE,
                 &[("owner", "helm"), ("name", "other"), ("version", "4")],
             ),
             secret(
                 "sh.helm.release.v1.web.v5",
-                HELM_STORAGE_SECRET_TYPE,
                 &[("owner", "helm"), ("name", "web")],
             ),
             secret(
                 "sh.helm.release.v1.web.vx",
-                HELM_STORAGE_SECRET_TYPE,
                 &[("owner", "helm"), ("name", "web"), ("version", "x")],
             ),
             secret(
                 "sh.helm.release.v1.web.v0",
-                HELM_STORAGE_SECRET_TYPE,
                 &[("owner", "helm"), ("name", "web"), ("version", "0")],
             ),
             secret(
                 "sh.helm.release.v1.web.v-1",
-                HELM_STORAGE_SECRET_TYPE,
                 &[("owner", "helm"), ("name", "web"), ("version", "-1")],
             ),
             secret(
                 "sh.helm.release.v1.web.v7",
-                HELM_STORAGE_SECRET_TYPE,
                 &[("owner", "helm"), ("name", "web"), ("version", "8")],
             ),
             secret(
                 "my-own-secret",
-                HELM_STORAGE_SECRET_TYPE,
                 &[("owner", "helm"), ("name", "web"), ("version", "9")],
             ),
         ];
         let (revisions, ignored) = parse_revisions(&odd, &location());
         assert!(revisions.is_empty(), "{revisions:?}");
         assert_eq!(ignored.len(), odd.len());
+    }
+
+    #[test]
+    fn storage_is_listed_by_type_and_labels() {
+        // A metadata list does not carry the type: a Secret of another type
+        // must not be listed at all.
+        let params = storage_list_params(&location());
+        assert_eq!(
+            params.field_selector.as_deref(),
+            Some("type=helm.sh/release.v1")
+        );
+        assert_eq!(
+            params.label_selector.as_deref(),
+            Some("owner=helm,name=web")
+        );
     }
 
     #[test]

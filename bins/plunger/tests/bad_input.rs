@@ -8,12 +8,13 @@ use std::collections::BTreeMap;
 use anyhow::Result;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
+use kube::ResourceExt;
 use kube::api::{Patch, PatchParams, PostParams};
 use plunger::events::Events;
 use plunger::names::{self, PROCESSED_VERSION_ANNOTATION};
 use plunger::reconcile::{Outcome, Reconciler};
 use plunger::release::ReleaseView;
-use plunger::storage::shorten_release_name;
+use plunger::storage::{StorageLocation, list_storage, shorten_release_name};
 use plunger::timings::Timings;
 use serde_json::json;
 use testkit::{Handled, SimulatedHelmController, TestNamespace, control_plane};
@@ -129,7 +130,8 @@ async fn an_annotation_that_is_not_a_revision_number_guards_nothing_and_is_rewri
 /// Secrets that carry the storage labels of the release but are not
 /// well-formed revisions (another type, a name and a label that disagree, a
 /// missing or non-numeric version, an odd name) are never deleted and never
-/// taken for the newest revision, even with higher numbers.
+/// taken for the newest revision, even with higher numbers. The one of
+/// another type is not even listed: the listing selects Helm's storage type.
 #[tokio::test]
 async fn secrets_that_only_look_like_storage_are_never_deleted_nor_taken_for_the_newest()
 -> Result<()> {
@@ -183,6 +185,21 @@ async fn secrets_that_only_look_like_storage_are_never_deleted_nor_taken_for_the
     let after = w.secret_names().await?;
     let gone: Vec<&String> = before.iter().filter(|n| !after.contains(n)).collect();
     assert_eq!(gone, vec!["sh.helm.release.v1.web.v2"]);
+    let location = StorageLocation {
+        namespace: w.ns.name.clone(),
+        release_name: "web".to_owned(),
+    };
+    let listed: Vec<String> = list_storage(&w.ns.client, &location)
+        .await?
+        .iter()
+        .map(ResourceExt::name_any)
+        .collect();
+    let expected: Vec<String> = after
+        .iter()
+        .filter(|n| *n != "sh.helm.release.v1.web.v9")
+        .cloned()
+        .collect();
+    assert_eq!(listed, expected, "all but the Secret of another type");
     Ok(())
 }
 

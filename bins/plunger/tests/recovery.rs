@@ -19,7 +19,10 @@ use plunger::reconcile::{Outcome, Reconciler, Step, TestHooks};
 use plunger::release::ReleaseView;
 use plunger::timings::Timings;
 use serde_json::{Value, json};
-use testkit::{Handled, SimulatedHelmController, TestNamespace, audit, control_plane};
+use testkit::audit::AuditedRequest;
+use testkit::{
+    FaultPlan, FaultProxy, Handled, SimulatedHelmController, TestNamespace, audit, control_plane,
+};
 
 struct World {
     ns: TestNamespace,
@@ -243,6 +246,67 @@ async fn a_stuck_release_loses_exactly_its_newest_revision_and_nothing_else() ->
             .any(|e| e.reason == "Recovered" && e.type_ == "Normal"),
         "{events:?}"
     );
+    Ok(())
+}
+
+// 1b.
+/// Storage is listed as metadata only, and only Secrets of Helm's storage
+/// type: a recovery receives no revision's payload but, at most, the one the
+/// uninstall hand-over snapshots (this release's history is empty). Through
+/// a counting proxy, five revisions of about 200 KB each.
+#[tokio::test]
+async fn storage_is_listed_as_metadata_of_the_storage_type_only() -> Result<()> {
+    const PAYLOAD: usize = 200_000;
+    let w = world("metadata").await?;
+    w.ns.create_release("web", json!({})).await?;
+    w.hc.install("web").await?;
+    assert_eq!(w.hc.handle("web").await?, Handled::AddedFinalizer);
+    for revision in 1..=5 {
+        let status = if revision == 5 {
+            "uninstalling"
+        } else {
+            "superseded"
+        };
+        let size =
+            w.ns.create_large_storage_secret("web", revision, status, PAYLOAD)
+                .await?;
+        assert!(size > PAYLOAD * 9 / 10, "a payload of {size} bytes");
+    }
+    w.ns.mark_stuck("web").await?;
+    let proxy = FaultProxy::forwarding_as(
+        &testkit::guard::shared()?.controller_kubeconfig(),
+        FaultPlan::none(0),
+    )
+    .await?;
+    let client = proxy.client()?;
+    let reconciler = Reconciler::new(
+        client.clone(),
+        Events::new(client, "flux-plunger", None),
+        Timings::default(),
+    );
+    let offset = audit::mark();
+
+    let outcome = reconciler.reconcile(&w.ns.name, "web").await?;
+
+    assert_eq!(outcome, Outcome::Recovered { revision: 5 });
+    let received = proxy.report().response_bytes;
+    // A list of whole Secrets alone would bring all five payloads.
+    assert!(
+        received < 2 * PAYLOAD as u64,
+        "the reconciler received {received} bytes"
+    );
+    let lists = audited(&w.ns.name, offset, 1, |r| {
+        r.verb == "list" && r.resource() == "secrets"
+    })
+    .await?;
+    for list in &lists {
+        assert!(
+            list.request_uri
+                .contains("fieldSelector=type%3Dhelm.sh%2Frelease.v1"),
+            "{}",
+            list.request_uri
+        );
+    }
     Ok(())
 }
 
@@ -846,27 +910,9 @@ async fn the_history_is_handed_over_in_one_status_write_locked_on_the_read_and_b
         Outcome::HandedOver { revision: 2 }
     );
 
-    let mut writes = Vec::new();
-    testkit::eventually(
-        Duration::from_secs(10),
-        "the writes reach the audit log",
-        || {
-            let read = audit::read_since(offset).map(|requests| {
-                requests
-                    .into_iter()
-                    .filter(|r| {
-                        r.is_write()
-                            && r.resource().starts_with("helmreleases")
-                            && r.namespace.as_deref() == Some(w.ns.name.as_str())
-                    })
-                    .collect::<Vec<_>>()
-            });
-            if let Ok(read) = &read {
-                writes.clone_from(read);
-            }
-            async move { Ok(read?.len() >= 2) }
-        },
-    )
+    let writes = audited(&w.ns.name, offset, 2, |r| {
+        r.is_write() && r.resource().starts_with("helmreleases")
+    })
     .await?;
     let labels: Vec<(String, Option<&str>)> = writes
         .iter()
@@ -1357,6 +1403,35 @@ async fn every_apply_carries_the_uid_and_resource_version_of_the_read_that_decid
         }
     }
     Ok(())
+}
+
+/// The requests in `namespace` since `offset` of the audit log that `wanted`
+/// picks, once at least `count` of them have reached it.
+async fn audited(
+    namespace: &str,
+    offset: u64,
+    count: usize,
+    wanted: impl Fn(&AuditedRequest) -> bool,
+) -> Result<Vec<AuditedRequest>> {
+    let mut picked = Vec::new();
+    testkit::eventually(
+        Duration::from_secs(10),
+        "the requests reach the audit log",
+        || {
+            let read = audit::read_since(offset).map(|requests| {
+                requests
+                    .into_iter()
+                    .filter(|r| r.namespace.as_deref() == Some(namespace) && wanted(r))
+                    .collect::<Vec<_>>()
+            });
+            if let Ok(read) = &read {
+                picked.clone_from(read);
+            }
+            async move { Ok(read?.len() >= count) }
+        },
+    )
+    .await?;
+    Ok(picked)
 }
 
 /// The bodies of the server-side applies by flux-plunger in `namespace`,
