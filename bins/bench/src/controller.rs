@@ -70,6 +70,18 @@ impl Controller {
     ) -> Result<Self> {
         let dir = tempfile::tempdir()?;
         let kubeconfig = identity.kubeconfig(admin, dir.path()).await?;
+        Self::spawn_with(dir, &kubeconfig, namespace, concurrent, lease)
+    }
+
+    /// [`Controller::spawn`] with the kubeconfig at `kubeconfig` (e.g. one
+    /// through a counting proxy); `dir` is kept for its log until the end.
+    pub fn spawn_with(
+        dir: tempfile::TempDir,
+        kubeconfig: &Path,
+        namespace: &str,
+        concurrent: u16,
+        lease: &str,
+    ) -> Result<Self> {
         // Two free_port calls can return the same port.
         let [health_port, metrics_port] = free_ports()?;
         let log = std::fs::File::create(dir.path().join("flux-plunger.log"))?;

@@ -12,7 +12,9 @@
 //! - the drain: time from SIGTERM to exit with 100 and 500 fenced releases;
 //! - the handover: time from the end of the first pod's drain to the second
 //!   pod's first write, after a clean stop with 0 and 200 fences;
-//! - the sweep (pre-delete hook): time for 500 fenced releases.
+//! - the sweep (pre-delete hook): time for 500 fenced releases;
+//! - one recovery of a release with 10 revisions of 200 KB: the requests and
+//!   the bytes the controller received.
 #![forbid(unsafe_code)]
 
 mod burst;
@@ -21,6 +23,7 @@ mod memory;
 mod objects;
 mod scale;
 mod sizes;
+mod storage;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -388,6 +391,32 @@ async fn main() -> Result<()> {
         report
             .json
             .insert("scale".into(), serde_json::Value::Object(scale_json));
+    }
+
+    if wanted("storage") {
+        eprintln!(
+            ">> one recovery, {} revisions of about {} KB each, counted",
+            storage::REVISIONS,
+            storage::PAYLOAD_BYTES / 1000
+        );
+        let figures = storage::bench_storage(&admin).await?;
+        report.row(
+            format!(
+                "one recovery, {} revisions of {:.0} KB: requests / bytes received (controller start to recovery)",
+                storage::REVISIONS,
+                figures.payload_bytes as f64 / 1000.0
+            ),
+            format!(
+                "{} / {:.1} KiB",
+                figures.requests,
+                figures.bytes as f64 / 1024.0
+            ),
+        );
+        report.json.insert(
+            "storage".into(),
+            json!({"revisions": storage::REVISIONS, "payload_bytes": figures.payload_bytes,
+                "requests": figures.requests, "response_bytes": figures.bytes}),
+        );
     }
 
     let mut idle = None;

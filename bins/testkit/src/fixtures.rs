@@ -218,8 +218,8 @@ impl TestNamespace {
     ) -> Result<usize> {
         let mut content = stored_release(release, &self.name, revision, status);
         // Hex holds 4 bits a character, which gzip gets back: gzip'd and
-        // base64'd, it comes to about 0.7 of its length.
-        content["manifest"] = Value::String(noise(revision, bytes * 10 / 7));
+        // base64'd, it comes to about 0.77 of its length.
+        content["manifest"] = Value::String(noise(revision, bytes * 13 / 10));
         let payload = crate::helm_storage::encode_release(&content)?;
         let size = payload.len();
         self.secrets()
