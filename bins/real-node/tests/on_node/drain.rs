@@ -141,8 +141,8 @@ impl Writers {
         Ok(new.duration_since(old))
     }
 
-    /// The old pod's HelmRelease writes: the drain's (the controller watches
-    /// another namespace).
+    /// The old pod's HelmRelease writes: the drain's (the controller runs in
+    /// dry-run).
     fn old_release_writes(&self) -> Vec<&AuditedRequest> {
         self.old
             .iter()
@@ -151,13 +151,16 @@ impl Writers {
     }
 }
 
-/// The chart, installed at G = 40 and watching only its own namespace (so
-/// that the fences in `fences` are the drain's alone to release), with its
-/// pod Ready and leading.
+/// The chart, installed at G = 40 with its controller in dry-run (it leads
+/// and decides but writes nothing, so the fences in `fences` are the drain's
+/// alone to release; the drain is scoped like the controller and has no
+/// dry-run), with its pod Ready and leading.
 async fn installed(prefix: &str) -> Result<(OnNode, Pod)> {
     let on = OnNode::new(prefix).await?;
-    let watch = format!("controller.watchNamespaces={{{}}}", on.ns().name);
-    on.install(&[&format!("shutdownGracePeriodSeconds={G}"), &watch])?;
+    on.install(&[
+        &format!("shutdownGracePeriodSeconds={G}"),
+        "controller.dryRun=true",
+    ])?;
     let pod = on.ready_pod(None).await?;
     on.wait_lease_held_by(&name_of(&pod)).await?;
     Ok((on, pod))
