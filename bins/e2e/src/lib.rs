@@ -362,7 +362,7 @@ impl FluxPlunger {
     /// only `ns`, without leader election, as the chart's ServiceAccount under
     /// the chart's admission guard, and waits for its readiness probe.
     pub async fn start(ns: &TestNamespace) -> Result<Self> {
-        Self::start_with_env(ns, &[]).await
+        Self::start_with(ns, &[], &[]).await
     }
 
     /// As [`FluxPlunger::start`], with `env` added (the test builds' pause
@@ -370,6 +370,16 @@ impl FluxPlunger {
     pub async fn start_with_env(
         ns: &TestNamespace,
         env: &[(&str, &std::path::Path)],
+    ) -> Result<Self> {
+        Self::start_with(ns, env, &[]).await
+    }
+
+    /// As [`FluxPlunger::start_with_env`], with `flags` added to its command
+    /// line.
+    pub async fn start_with(
+        ns: &TestNamespace,
+        env: &[(&str, &std::path::Path)],
+        flags: &[&str],
     ) -> Result<Self> {
         use testkit::control_plane::{free_ports, workspace_binary};
         let binary = workspace_binary("flux-plunger")?;
@@ -383,7 +393,7 @@ impl FluxPlunger {
         testkit::guard::shared()?.write_controller_kubeconfig(&kubeconfig)?;
         let log = dir.join("flux-plunger.log");
         let [metrics, health] = free_ports()?;
-        let args = vec![
+        let mut args = vec![
             format!("--kubeconfig={}", kubeconfig.display()),
             "--leader-elect=false".to_owned(),
             format!("--watch-namespace={}", ns.name),
@@ -392,6 +402,7 @@ impl FluxPlunger {
             "--log-encoding=console".to_owned(),
             "--log-level=debug".to_owned(),
         ];
+        args.extend(flags.iter().map(|f| (*f).to_owned()));
         let server = testkit::process::Supervised::spawn_with_env(
             "flux-plunger",
             &binary,

@@ -243,9 +243,10 @@ enum FirstToHandle {
 /// What a delete during a paused recovery left behind.
 #[derive(Debug)]
 struct RaceOutcome {
-    /// The release was still there (held) once helm-controller had handled
-    /// the suspended delete.
-    held_after_suspended_delete: bool,
+    /// When helm-controller handled the suspended delete first: whether the
+    /// release was still there (held) afterwards. `None` when flux-plunger
+    /// went first (helm-controller's finalizer removal was refused).
+    held_after_suspended_delete: Option<bool>,
     /// helm-controller deleted the release's HelmChart: its deletion path ran
     /// on the unsuspended release (it skips both the uninstall and the
     /// HelmChart while suspended).
@@ -369,8 +370,8 @@ async fn delete_during_a_paused_recovery(
         FirstToHandle::HelmController => {
             wait_for("helm-controller's suspended delete", || async {
                 Ok(match e2e::observe(&ns, RELEASE).await? {
-                    None => Some(false),
-                    Some(o) => (!o.has_helm_controller_finalizer()).then_some(true),
+                    None => Some(Some(false)),
+                    Some(o) => (!o.has_helm_controller_finalizer()).then_some(Some(true)),
                 })
             })
             .await?
@@ -384,7 +385,7 @@ async fn delete_during_a_paused_recovery(
                 Ok(refused.then_some(()))
             })
             .await?;
-            true
+            None
         }
     };
     std::fs::write(&resume, b"")?;
@@ -433,7 +434,11 @@ async fn a_delete_while_the_paused_process_holds_its_suspension_is_held_until_he
 /// The release a race left was uninstalled for real, and flux-plunger said
 /// it handed the uninstall over.
 fn assert_uninstalled(case: &str, outcome: &RaceOutcome) {
-    assert!(outcome.held_after_suspended_delete, "{case}: {outcome:?}");
+    assert_ne!(
+        outcome.held_after_suspended_delete,
+        Some(false),
+        "{case}: {outcome:?}"
+    );
     assert!(outcome.helmchart_deleted, "{case}: {outcome:?}");
     assert_eq!(outcome.storage, revisions(&[]), "{case}: {outcome:?}");
     assert!(!outcome.configmap_left, "{case}: {outcome:?}");
@@ -458,39 +463,50 @@ fn assert_uninstalled(case: &str, outcome: &RaceOutcome) {
 #[tokio::test]
 async fn a_delete_during_a_paused_recovery_is_uninstalled_from_every_stuck_state_and_storage_place()
 -> Result<()> {
-    let mut cases = vec![
+    let mut states = vec![
         (
-            "e2e-race-unknown",
+            "unknown",
             Stuck {
                 status: "unknown",
                 elsewhere: false,
             },
-            FirstToHandle::HelmController,
         ),
         (
-            "e2e-race-elsewhere",
+            "elsewhere",
             Stuck {
                 status: "uninstalling",
                 elsewhere: true,
             },
-            FirstToHandle::FluxPlunger,
         ),
     ];
     // helm-controller v1.4 answers a newest `uninstalled` revision with an
     // install ("cannot re-use a name that is still in use"), never with the
     // stuck message: flux-plunger has nothing to recover there.
     if uninstalled_is_stuck() {
-        cases.push((
-            "e2e-race-uninstalled",
+        states.push((
+            "uninstalled",
             Stuck {
                 status: "uninstalled",
                 elsewhere: false,
             },
-            FirstToHandle::HelmController,
         ));
     }
-    let races = cases.into_iter().map(|(prefix, stuck, first)| async move {
-        let outcome = delete_during_a_paused_recovery(prefix, stuck, first, false).await?;
+    let cases = states.into_iter().flat_map(|(name, stuck)| {
+        [
+            (
+                format!("e2e-race-{name}-hc"),
+                stuck,
+                FirstToHandle::HelmController,
+            ),
+            (
+                format!("e2e-race-{name}-fp"),
+                stuck,
+                FirstToHandle::FluxPlunger,
+            ),
+        ]
+    });
+    let races = cases.map(|(prefix, stuck, first)| async move {
+        let outcome = delete_during_a_paused_recovery(&prefix, stuck, first, false).await?;
         anyhow::Ok((stuck, first, outcome))
     });
     for (stuck, first, outcome) in futures::future::try_join_all(races).await? {
@@ -518,8 +534,90 @@ async fn without_the_fence_the_same_delete_skips_helm_controller_s_deletion_path
         true,
     )
     .await?;
-    assert!(!outcome.held_after_suspended_delete, "{outcome:?}");
+    assert_eq!(
+        outcome.held_after_suspended_delete,
+        Some(false),
+        "{outcome:?}"
+    );
     assert!(!outcome.helmchart_deleted, "orphaned: {outcome:?}");
     assert!(outcome.configmap_left, "{outcome:?}");
+    assert_eq!(
+        outcome.storage,
+        revisions(&[(1, "superseded"), (2, "uninstalling")]),
+        "the storage stays too: {outcome:?}"
+    );
+    Ok(())
+}
+
+/// A stuck release that flux-plunger has seen but whose recovery waits (here
+/// for `--max-recoveries-per-minute`) carries the fence alone (SPEC §4.5).
+/// Deleted then, helm-controller's deletion path runs unsuspended over the
+/// history it cleared and uninstalls nothing (`ErrNoLatest`); the fence holds
+/// the release, flux-plunger hands the history over and asks helm-controller
+/// to reconcile again (`reconcile.fluxcd.io/requestedAt`, SPEC §5d), and the
+/// uninstall happens. Another release waiting the same way, suspended by
+/// someone else and then deleted, keeps its objects: that manager's decision.
+#[tokio::test]
+async fn a_stuck_release_deleted_while_its_recovery_waits_is_uninstalled_unless_another_manager_suspended_it()
+-> Result<()> {
+    let ns = namespace("e2e-waiting").await?;
+    let names = ["alpha", "beta", "gamma"];
+    futures::future::try_join_all(names.map(|name| make_stuck(&ns, name))).await?;
+    // One recovery a minute: one release is recovered, the others wait.
+    let flux_plunger =
+        FluxPlunger::start_with(&ns, &[], &["--max-recoveries-per-minute=1"]).await?;
+    let log = || flux_plunger.log_text();
+    let waiting: Vec<&str> = wait_for("one release recovered, two fenced and waiting", || async {
+        let mut waiting = Vec::new();
+        let mut recovered = 0;
+        for name in names {
+            let Some(o) = e2e::observe(&ns, name).await? else {
+                anyhow::bail!("{name} is gone");
+            };
+            if o.finalizers.contains(&FENCE_FINALIZER.to_owned()) && !o.suspend {
+                waiting.push(name);
+            } else if o.is_ready() {
+                recovered += 1;
+            }
+        }
+        Ok((recovered == 1 && waiting.len() == 2).then_some(waiting))
+    })
+    .await
+    .with_context(log)?;
+    let (deleted, suspended) = (waiting[0], waiting[1]);
+
+    set_suspend(&ns, suspended, true).await?;
+    delete(&ns, suspended).await?;
+    delete(&ns, deleted).await?;
+    wait_gone(&ns, deleted).await.with_context(log)?;
+    wait_gone(&ns, suspended).await.with_context(log)?;
+
+    assert_eq!(
+        demo_configmap(&ns, deleted).await?,
+        None,
+        "{deleted} uninstalled"
+    );
+    assert_eq!(
+        revision_statuses(&ns.secrets(), deleted).await?,
+        revisions(&[])
+    );
+    assert!(!helmchart_exists(&ns, deleted).await?);
+    let handed_over = ns.events_for(deleted).await?;
+    assert!(
+        handed_over
+            .iter()
+            .any(|e| e.reason == reasons::UNINSTALL_HANDED_OVER && e.type_ == "Normal"),
+        "{handed_over:?}"
+    );
+
+    assert!(
+        demo_configmap(&ns, suspended).await?.is_some(),
+        "{suspended} keeps its objects"
+    );
+    assert_eq!(
+        revision_statuses(&ns.secrets(), suspended).await?,
+        revisions(&[(1, "superseded"), (2, "uninstalling")])
+    );
+    assert!(helmchart_exists(&ns, suspended).await?);
     Ok(())
 }

@@ -79,7 +79,9 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     let (done, done_rx) = oneshot::channel();
     let keeper = tokio::spawn(keep_lease(lock, timings, sent, claim_tx, done_rx));
     let events = args.events.events(writer.clone(), &identity);
-    let reconciler = Reconciler::new(writer.clone(), events, timings).with_test_hooks_from_env();
+    let reconciler = Reconciler::new(writer.clone(), events, timings)
+        .letting_go()
+        .with_test_hooks_from_env();
     let scope = args.scope.scope();
     let report = drain(
         &writer,

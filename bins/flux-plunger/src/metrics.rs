@@ -121,7 +121,6 @@ impl Metrics {
             Outcome::Recovered { .. } | Outcome::RecoveredThenDeleted { .. } => "recovered",
             Outcome::Deferred => "deferred",
             Outcome::Skipped(_) => "skipped",
-            Outcome::AbortedForDelete { .. } => "aborted_for_delete",
             Outcome::DryRun { .. } => "dry_run",
             Outcome::RateLimited { .. } => "rate_limited",
             _ => return,

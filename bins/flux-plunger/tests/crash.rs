@@ -111,11 +111,7 @@ crash_cases! {
     deleted_at_acquired_after_history_write: DeletedAt("acquired"), at "after-history-write", state "terminating suspended fenced history stuck-secret";
     deleted_at_acquired_before_undo_lift: DeletedAt("acquired"), at "before-lift", state "terminating suspended fenced history stuck-secret";
     deleted_at_acquired_after_undo_lift: DeletedAt("acquired"), at "after-lift", state "terminating fenced";
-    deleted_at_annotated: DeletedAt("annotated"), at "annotated", state "terminating suspended fenced annotated stuck-secret";
-    deleted_at_annotated_before_abort_lift: DeletedAt("annotated"), at "before-lift", state "terminating suspended fenced annotated history stuck-secret";
-    deleted_at_annotated_after_abort_lift: DeletedAt("annotated"), at "after-lift", state "terminating fenced annotated";
-    deleted_at_annotated_before_drop_fence: DeletedAt("annotated"), at "before-drop-fence", state "terminating fenced annotated";
-    deleted_at_annotated_after_drop_fence: DeletedAt("annotated"), at "after-drop-fence", state "gone";
+    deleted_at_annotated: DeletedAt("annotated"), at "before-delete-storage", state "terminating suspended fenced annotated stuck-secret";
     deleted_before_delete_storage_after_it: DeletedAt("before-delete-storage"), at "after-delete-storage", state "terminating suspended fenced annotated";
     deleted_before_delete_storage_before_final_lift: DeletedAt("before-delete-storage"), at "before-lift", state "terminating suspended fenced annotated";
     deleted_before_delete_storage_before_lift_keeping_fence: DeletedAt("before-delete-storage"), at "before-lift@2", state "terminating suspended fenced annotated history";

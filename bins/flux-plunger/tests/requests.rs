@@ -72,10 +72,8 @@ async fn a_recovery_sends_the_requests_of_its_steps_and_its_event_and_nothing_mo
     let expected: Vec<(String, String)> = [
         ("get", "helmreleases"),   // §4.1 read the release
         ("list", "secrets"),       // §4.6 list its storage
-        ("get", "helmreleases"),   // §4.8 re-read before the acquire
-        ("patch", "helmreleases"), // §4.8 apply {suspend, fence}
-        ("patch", "helmreleases"), // §4.10 the processed annotation
-        ("get", "helmreleases"),   // §4.11 re-check termination
+        ("patch", "helmreleases"), // §4.8 apply {suspend, fence}, locked on §4.1's read
+        ("patch", "helmreleases"), // §4.10 the processed annotation; its answer is §4.11's re-check
         ("delete", "secrets"),     // §4.12 the newest revision
         ("patch", "helmreleases"), // §4.13 lift suspension and fence
         ("create", "events"),      // the Recovered event (SPEC §1)

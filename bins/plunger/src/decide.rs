@@ -58,7 +58,8 @@ pub enum Decision {
         event: Option<EventSpec>,
         label_fence: bool,
     },
-    /// Stuck, not suspended, no fence: look at the Helm storage next.
+    /// Stuck and not suspended (fenced at most while its recovery waits):
+    /// look at the Helm storage next.
     InspectStorage,
     /// What a delete needs next depends on the Helm storage: read it, then
     /// [`decide_with_storage`].
@@ -157,6 +158,10 @@ pub struct Clock {
     pub fence_recheck_interval: Duration,
     /// How long a delete may be held before we warn (SPEC §5e).
     pub fence_held_warning_after: Duration,
+    /// Whether the fence stays on a stuck release while its recovery waits
+    /// (SPEC §4.5): the controller's passes; the drain lets go of every
+    /// live release instead, as its pod is going away.
+    pub holds_waiting_releases: bool,
 }
 
 /// SPEC §4 steps 2-5 and §5: the decision for one fresh read of a release.
@@ -179,11 +184,15 @@ fn decide_from(release: &ReleaseView, storage: Option<&StorageFacts>, clock: &Cl
     if release.terminating {
         return decide_terminating(release, storage, clock);
     }
+    let holds_fence = clock.holds_waiting_releases && awaits_recovery(release);
     if release.suspend {
         if release.suspend_owned_by_us() {
-            // Ours on a live release: an earlier run stopped mid-recovery.
-            // Lift it and the fence together, and nothing else in this pass.
-            return Decision::Lift { keep_fence: false };
+            // Ours on a live release: an earlier run (or this pass's failed
+            // step) stopped mid-recovery. Lift it, and nothing else in this
+            // pass; the fence stays only while the recovery is to come.
+            return Decision::Lift {
+                keep_fence: holds_fence,
+            };
         }
         let event = suspension_not_owned(release);
         return if release.has_fence() {
@@ -192,14 +201,21 @@ fn decide_from(release: &ReleaseView, storage: Option<&StorageFacts>, clock: &Cl
             Decision::Nothing { event: Some(event) }
         };
     }
-    if release.has_fence() {
-        // A fence without a suspension protects nothing.
+    if release.has_fence() && !holds_fence {
+        // A fence without a suspension protects nothing, but a stuck release
+        // waiting for its recovery (§4.5).
         return Decision::DropFence { event: None };
     }
-    if !release.is_stuck() || release.recovery_disabled() {
+    if !awaits_recovery(release) {
         return Decision::Nothing { event: None };
     }
     Decision::InspectStorage
+}
+
+/// A live release flux-plunger means to recover: stuck, and not opted out.
+/// Whether its storage holds anything to reclaim the listing tells.
+fn awaits_recovery(release: &ReleaseView) -> bool {
+    release.is_stuck() && !release.recovery_disabled()
 }
 
 fn decide_terminating(
@@ -530,7 +546,7 @@ pub fn revision_below<'a>(
         .max_by_key(|r| r.revision)
 }
 
-/// SPEC §4.8: what the acquire's fresh read allows.
+/// SPEC §4.8: what the read the acquire is locked on allows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MayAcquire {
     /// Take the suspension and the fence.
@@ -542,13 +558,12 @@ pub enum MayAcquire {
     NoLongerStuck,
 }
 
-/// SPEC §4.8: may we take the suspension, given a fresh read? Only from a
-/// live release that nobody has suspended, and that is still stuck: the
-/// pass decided on a read taken before the storage listing, and the stuck
-/// condition may have cleared since (right after a recovery helm-controller
-/// starts an upgrade whose in-flight revision must never be reclaimed).
-/// Asked twice: before the unforced apply, and again after it conflicted,
-/// before forcing. The second time a conflict with `spec.suspend` still false
+/// SPEC §4.8: may we take the suspension, given the read the apply is locked
+/// on? Only from a live release that nobody has suspended, and that is still
+/// stuck (right after a recovery helm-controller starts an upgrade whose
+/// in-flight revision must never be reclaimed). Asked of the read that
+/// planned the recovery, before the unforced apply locked on it, and of the
+/// read after it conflicted, before forcing. The second time a conflict with `spec.suspend` still false
 /// means an owner of `false` (a backup controller's Update), which an
 /// unforced apply can never take over; a `true` set meanwhile is somebody's
 /// suspension and is never taken.
@@ -674,12 +689,6 @@ pub fn let_go_without_apply(release: &ReleaseView, keep_fence: bool) -> LetGo {
         remove_label: release.fence_labelled && !fence_indices.is_empty(),
         fence_indices,
     }
-}
-
-/// SPEC §4.11: go on to delete the storage Secret only if the release, read
-/// again right before, is still there and not being deleted.
-pub fn may_delete_storage(release: Option<&ReleaseView>) -> bool {
-    release.is_some_and(|r| !r.terminating)
 }
 
 /// Whether a release is worth a reconcile when the watch reports it (SPEC §4

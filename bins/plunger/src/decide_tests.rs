@@ -87,6 +87,15 @@ fn clock() -> Clock {
         since_last_fence_warning: None,
         fence_recheck_interval: MINUTE,
         fence_held_warning_after: 10 * MINUTE,
+        holds_waiting_releases: true,
+    }
+}
+
+/// As the drain decides: it lets go of every live release.
+fn draining() -> Clock {
+    Clock {
+        holds_waiting_releases: false,
+        ..clock()
     }
 }
 
@@ -143,7 +152,48 @@ fn a_stuck_clean_release_goes_on_to_its_storage() {
 
 #[test]
 fn our_suspension_on_a_live_release_is_lifted_with_the_fence_and_nothing_else() {
+    let r = fenced(ours(release()));
+    assert_eq!(decide(&r, &clock()), Decision::Lift { keep_fence: false });
+}
+
+#[test]
+fn our_suspension_on_a_release_still_stuck_is_lifted_and_the_fence_kept_for_the_retry() {
     let r = stuck(fenced(ours(release())));
+    assert_eq!(decide(&r, &clock()), Decision::Lift { keep_fence: true });
+}
+
+#[test]
+fn the_drain_lifts_our_suspension_and_the_fence_of_a_stuck_release_together() {
+    let r = stuck(fenced(ours(release())));
+    assert_eq!(
+        decide(&r, &draining()),
+        Decision::Lift { keep_fence: false }
+    );
+}
+
+#[test]
+fn a_stuck_release_fenced_while_its_recovery_waits_goes_on_to_its_storage() {
+    assert_eq!(
+        decide(&stuck(fenced(release())), &clock()),
+        Decision::InspectStorage
+    );
+}
+
+#[test]
+fn the_drain_drops_the_fence_of_a_stuck_release_waiting_for_its_recovery() {
+    assert_eq!(
+        decide(&stuck(fenced(release())), &draining()),
+        Decision::DropFence { event: None }
+    );
+}
+
+#[test]
+fn an_opted_out_stuck_release_keeps_no_fence_and_no_suspension_of_ours() {
+    let mut r = stuck(fenced(release()));
+    r.annotations
+        .insert(crate::names::RECOVER_ANNOTATION.into(), "disabled".into());
+    assert_eq!(decide(&r, &clock()), Decision::DropFence { event: None });
+    let r = ours(r);
     assert_eq!(decide(&r, &clock()), Decision::Lift { keep_fence: false });
 }
 
@@ -212,7 +262,7 @@ fn our_fence_under_a_foreign_suspension_is_dropped_with_the_event() {
 
 #[test]
 fn a_fence_without_a_suspension_is_dropped_and_nothing_else_happens() {
-    let r = stuck(fenced(release()));
+    let r = fenced(release());
     assert_eq!(decide(&r, &clock()), Decision::DropFence { event: None });
 }
 
@@ -736,13 +786,6 @@ fn the_suspension_may_be_taken_only_from_a_live_unsuspended_release() {
         may_take_suspension(&suspended_by(stuck(release()), "backup", "Update")),
         MayAcquire::NotOurs
     );
-}
-
-#[test]
-fn storage_is_deleted_only_from_a_release_still_there_and_live() {
-    assert!(may_delete_storage(Some(&release())));
-    assert!(!may_delete_storage(Some(&terminating(release()))));
-    assert!(!may_delete_storage(None));
 }
 
 #[test]

@@ -16,6 +16,8 @@ pub enum Error {
     },
     #[error("taking the suspension and fence of {key}: {source}")]
     Acquire { key: String, source: kube::Error },
+    #[error("fencing {key} while its recovery waits: {source}")]
+    FenceWhileWaiting { key: String, source: kube::Error },
     #[error("writing the processed-revision annotation on {key}: {source}")]
     Annotate { key: String, source: kube::Error },
     #[error("deleting Helm storage Secret {namespace}/{name}: {source}")]
@@ -48,6 +50,7 @@ impl Error {
             Error::ReadKubeconfig { .. } => "read_kubeconfig",
             Error::ListStorage { .. } => "list_storage",
             Error::Acquire { .. } => "acquire",
+            Error::FenceWhileWaiting { .. } => "fence_while_waiting",
             Error::Annotate { .. } => "annotate",
             Error::DeleteStorage { .. } => "delete_storage",
             Error::Lift { .. } => "lift",
@@ -65,6 +68,7 @@ impl Error {
             | Error::ReadKubeconfig { source, .. }
             | Error::ListStorage { source, .. }
             | Error::Acquire { source, .. }
+            | Error::FenceWhileWaiting { source, .. }
             | Error::Annotate { source, .. }
             | Error::DeleteStorage { source, .. }
             | Error::Lift { source, .. }

@@ -13,8 +13,7 @@ use kube::api::DynamicObject;
 use crate::apply::{self, Claim};
 use crate::decide::{
     self, AfterHandOver, AfterRecovery, Clock, Decision, EventSpec, MayAcquire, RecoveryPlan,
-    SkipReason, StorageFacts, UninstallTarget, may_delete_storage, may_take_suspension,
-    plan_recovery,
+    SkipReason, StorageFacts, UninstallTarget, may_take_suspension, plan_recovery,
 };
 use crate::error::{
     Error, is_api_code, is_failed_guard, is_field_manager_conflict, is_stale_write,
@@ -45,8 +44,6 @@ pub enum Outcome {
     Skipped(SkipReason),
     /// The suspension could not be taken (someone else wrote first).
     Deferred,
-    /// The release was deleted during the recovery: the Secret was kept.
-    AbortedForDelete { revision: u64 },
     /// The revision was reclaimed and the release let go.
     Recovered { revision: u64 },
     /// The revision was reclaimed, and a delete came before the final lift:
@@ -99,15 +96,16 @@ pub struct Controls {
 
 /// Points inside a recovery where a test can act (a delete, a foreign
 /// write, a crash): one right before and one right after every write of
-/// SPEC §4 and §5, and one between the storage listing and the acquire's
-/// fresh read (where helm-controller's own progress can overtake a pass).
+/// SPEC §4 and §5, and one between the storage listing and the acquire
+/// (where helm-controller's own progress can overtake a pass).
 /// `test_hooks` pauses a test build of a binary at them by name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Step {
     /// The storage was listed and the revision to reclaim chosen; the
-    /// acquire's fresh read comes next.
+    /// acquire comes next.
     Planned,
-    /// The release was read fresh; the unforced acquire comes next.
+    /// The unforced acquire, locked on the read that planned the recovery,
+    /// comes next.
     BeforeAcquire,
     /// The unforced acquire conflicted and the release was read again; the
     /// forced acquire comes next.
@@ -115,10 +113,11 @@ pub enum Step {
     /// The suspension and fence are held (right after the acquire, forced or
     /// not); the annotation comes next.
     Acquired,
-    /// The annotation is written; the termination re-check comes next.
+    /// The annotation is written, and its answer showed the release live;
+    /// the storage Secret's delete comes next.
     Annotated,
     /// A storage Secret's delete comes next: in a recovery, once the
-    /// re-check found the release live; on a release being deleted, an
+    /// annotation's answer showed the release live; on a release being deleted, an
     /// `uninstalled` newest revision above live ones.
     BeforeDeleteStorage,
     /// The storage Secret is deleted (or was already gone).
@@ -220,6 +219,8 @@ pub struct Reconciler {
     /// [`Self::take_writes`].
     writes: Mutex<HashMap<String, Vec<String>>>,
     controls: Controls,
+    /// Whose passes these are: see [`Reconciler::letting_go`].
+    holds_waiting_releases: bool,
     #[cfg(feature = "test-hooks")]
     pub hooks: TestHooks,
 }
@@ -233,9 +234,19 @@ impl Reconciler {
             fence_warnings: Mutex::new(HashMap::new()),
             writes: Mutex::new(HashMap::new()),
             controls: Controls::default(),
+            holds_waiting_releases: true,
             #[cfg(feature = "test-hooks")]
             hooks: TestHooks::default(),
         }
+    }
+
+    /// The drain's reconciler: its pod is going away, so it lets go of
+    /// every live release, a stuck one waiting for its recovery too (the
+    /// next leader fences it again); the controller's holds that fence
+    /// (SPEC §4.5).
+    pub fn letting_go(mut self) -> Self {
+        self.holds_waiting_releases = false;
+        self
     }
 
     /// Test builds only: the hooks `test_hooks::hooks_from_env` reads; a
@@ -407,6 +418,7 @@ impl Reconciler {
             since_last_fence_warning,
             fence_recheck_interval: self.timings.fence_recheck_interval,
             fence_held_warning_after: self.timings.fence_held_warning_after,
+            holds_waiting_releases: self.holds_waiting_releases,
         }
     }
 
@@ -812,6 +824,7 @@ impl Reconciler {
                     ),
                 };
                 self.events.record(&release, &event).await;
+                self.give_up_waiting(&release).await?;
                 return Ok(Outcome::Skipped(SkipReason::RemoteClusterUnusable { why }));
             }
         };
@@ -831,6 +844,7 @@ impl Reconciler {
             RecoveryPlan::Reclaim(target) => target,
             RecoveryPlan::Skip(reason) => {
                 tracing::info!(release = %release.key(), ?reason, storage = ?location, "stuck, but nothing to reclaim");
+                self.give_up_waiting(&release).await?;
                 return Ok(Outcome::Skipped(reason));
             }
         };
@@ -857,11 +871,12 @@ impl Reconciler {
             && let Err(retry_after) = limiter.try_take()
         {
             tracing::info!(release = %release.key(), ?retry_after, "recovery rate limit reached; waiting");
+            self.hold_while_waiting(&release).await?;
             return Ok(Outcome::RateLimited { retry_after });
         }
         self.pause_at_step(Step::Planned).await;
 
-        let held = match self.acquire(&release.namespace, &release.name).await? {
+        let held = match self.acquire(&release).await? {
             Acquisition::Held(held) => *held,
             Acquisition::NoLongerStuck => {
                 tracing::info!(release = %release.key(), "no longer stuck when read again before the recovery; nothing reclaimed");
@@ -899,29 +914,56 @@ impl Reconciler {
         }
     }
 
-    /// SPEC §4.8: takes the suspension and the fence together, from a fresh
-    /// read.
-    async fn acquire(&self, namespace: &str, name: &str) -> Result<Acquisition, Error> {
+    /// SPEC §4.5: a stuck release whose recovery must wait carries the fence
+    /// meanwhile, so that a delete landing before the recovery is held for
+    /// the uninstall hand-over of §5d (helm-controller's own deletion path
+    /// finds the history it cleared empty and would let the release go).
+    async fn hold_while_waiting(&self, release: &ReleaseView) -> Result<(), Error> {
+        if release.has_fence() || self.controls.dry_run {
+            return Ok(());
+        }
+        apply::apply(&self.client, release, Claim::FENCE_ONLY, false)
+            .await
+            .map_err(|source| Error::FenceWhileWaiting {
+                key: release.key(),
+                source,
+            })?;
+        tracing::info!(release = %release.key(), "fenced the stuck release while its recovery waits");
+        Ok(())
+    }
+
+    /// SPEC §4.5: a stuck release with nothing to reclaim has no recovery to
+    /// wait for: the fence it carried while it waited goes.
+    async fn give_up_waiting(&self, release: &ReleaseView) -> Result<(), Error> {
+        if release.has_fence() && !self.controls.dry_run {
+            self.drop_fence(release).await?;
+            tracing::info!(release = %release.key(), "dropped the fence of a stuck release with nothing to reclaim");
+        }
+        Ok(())
+    }
+
+    /// SPEC §4.8: takes the suspension and the fence together, locked on the
+    /// read that planned the recovery: a release unchanged since is still
+    /// live, unsuspended and stuck, and one changed since refuses the apply
+    /// (409) and is read again before anything is forced.
+    async fn acquire(&self, planned: &ReleaseView) -> Result<Acquisition, Error> {
         let claim = self.acquire_claim();
-        let Some(fresh) = self.read(namespace, name).await? else {
-            return Ok(Acquisition::NotOurs);
-        };
-        match may_take_suspension(&fresh) {
+        match may_take_suspension(planned) {
             MayAcquire::Take => {}
             MayAcquire::NotOurs => return Ok(Acquisition::NotOurs),
             MayAcquire::NoLongerStuck => return Ok(Acquisition::NoLongerStuck),
         }
         let acquire_error = |source| Error::Acquire {
-            key: fresh.key(),
+            key: planned.key(),
             source,
         };
         self.pause_at_step(Step::BeforeAcquire).await;
-        match apply::apply(&self.client, &fresh, claim, false).await {
+        match apply::apply(&self.client, planned, claim, false).await {
             Ok(object) => return Ok(Acquisition::Held(Box::new(self.written(&object)))),
             Err(err) if is_api_code(&err, 409) => {}
             Err(err) => return Err(acquire_error(err)),
         }
-        let Some(again) = self.read(namespace, name).await? else {
+        let Some(again) = self.read(&planned.namespace, &planned.name).await? else {
             return Ok(Acquisition::NotOurs);
         };
         match may_take_suspension(&again) {
@@ -948,13 +990,10 @@ impl Reconciler {
         self.pause_at_step(Step::Acquired).await;
         let mut current = held;
         let mut conflicts = 0;
-        loop {
+        let annotated = loop {
             let source =
                 match apply::annotate(&self.client, &current, target.revision, below_uid).await {
-                    Ok(object) => {
-                        self.written(&object);
-                        break;
-                    }
+                    Ok(object) => break self.written(&object),
                     Err(source) => source,
                 };
             // helm-controller writes status right after each suspension, so the
@@ -974,23 +1013,13 @@ impl Reconciler {
                 key: current.key(),
                 source,
             });
-        }
-        let held = current;
+        };
         self.pause_at_step(Step::Annotated).await;
 
-        let recheck = self.read(&held.namespace, &held.name).await?;
-        if !may_delete_storage(recheck.as_ref()) {
-            tracing::info!(release = %held.key(), "deleted during recovery: keeping the storage revision, lifting the suspension");
-            if let Some(release) = recheck {
-                let decision = self.decide_now(&release).await?;
-                self.carry_out(&release, decision).await?;
-            }
-            return Ok(Outcome::AbortedForDelete {
-                revision: target.revision,
-            });
-        }
-        let release = recheck.expect("may_delete_storage implies a release");
-
+        // §4.11: the annotation was locked on a live read, so a delete that
+        // landed before it refused it (and the undo above keeps the
+        // fence); its answer is the release right before the Secret delete.
+        let release = annotated;
         self.delete_storage_revision(storage_client, target).await?;
         tracing::info!(release = %release.key(), secret = %target.name, "deleted the newest storage revision");
         let last_seen = self.finish(release.clone()).await?;

@@ -193,6 +193,19 @@ fn assert_let_go(object: &DynamicObject) {
     );
 }
 
+/// A stuck release whose recovery is still to come (SPEC §4.5): our
+/// suspension lifted (or never taken), our fence on it, nothing else of ours.
+fn assert_waiting_fenced(object: &DynamicObject) {
+    let view = ReleaseView::from_object(object);
+    assert!(!view.suspend, "still suspended: {:?}", object.data["spec"]);
+    assert!(
+        view.has_fence() && view.fence_labelled,
+        "no fence: {:?}",
+        view.finalizers
+    );
+    assert!(!view.suspended_by_us());
+}
+
 // 1.
 #[tokio::test]
 async fn a_stuck_release_loses_exactly_its_newest_revision_and_nothing_else() -> Result<()> {
@@ -445,7 +458,8 @@ async fn a_refused_annotation_lifts_the_suspension_keeps_the_secret_and_is_retri
         .await
         .unwrap_err();
     assert_eq!(err.kind(), "annotate", "{err}");
-    assert_let_go(&w.get("web").await?.unwrap());
+    // Still stuck: the fence stays for the retry (SPEC §4.5, §4.9).
+    assert_waiting_fenced(&w.get("web").await?.unwrap());
     assert_eq!(w.revisions().await?, vec!["sh.helm.release.v1.web.v1"]);
 
     refusal.lift().await?;
@@ -507,7 +521,7 @@ async fn a_refused_secret_delete_lifts_the_suspension_keeps_the_secret_and_is_re
         .unwrap_err();
     assert_eq!(err.kind(), "delete_storage", "{err}");
     let after = w.get("web").await?.unwrap();
-    assert_let_go(&after);
+    assert_waiting_fenced(&after);
     assert!(
         w.revisions()
             .await?
@@ -599,17 +613,24 @@ async fn a_suspension_set_by_anyone_else_is_never_lifted() -> Result<()> {
 
 // 6.
 #[tokio::test]
-async fn our_suspension_left_by_a_crash_is_lifted_with_the_fence_and_nothing_is_deleted()
--> Result<()> {
+async fn our_suspension_left_by_a_crash_is_lifted_and_nothing_is_deleted_in_that_pass() -> Result<()>
+{
     let w = world("crash").await?;
     w.stuck_release("web", &[(1, "uninstalling")]).await?;
     w.leave_our_suspension("web").await?;
 
     let outcome = w.reconciler().reconcile(&w.ns.name, "web").await?;
 
-    assert_eq!(outcome, Outcome::Lifted { kept_fence: false });
-    assert_let_go(&w.get("web").await?.unwrap());
+    // Still stuck: the fence stays for the recovery of the next pass.
+    assert_eq!(outcome, Outcome::Lifted { kept_fence: true });
+    assert_waiting_fenced(&w.get("web").await?.unwrap());
     assert_eq!(w.revisions().await?, vec!["sh.helm.release.v1.web.v1"]);
+
+    assert_eq!(
+        w.reconciler().reconcile(&w.ns.name, "web").await?,
+        Outcome::Recovered { revision: 1 }
+    );
+    assert_let_go(&w.get("web").await?.unwrap());
     Ok(())
 }
 
@@ -1346,7 +1367,7 @@ async fn every_apply_carries_the_uid_and_resource_version_of_the_read_that_decid
     );
     assert_eq!(
         r.reconcile(&w.ns.name, "crashed").await?,
-        Outcome::Lifted { kept_fence: false }
+        Outcome::Lifted { kept_fence: true }
     );
 
     // The audit log records every HelmRelease write with its body.
@@ -1515,8 +1536,107 @@ async fn the_recovery_rate_limit_defers_recoveries_past_the_limit() -> Result<()
         matches!(second, Outcome::RateLimited { retry_after } if retry_after > Duration::from_secs(50)),
         "{second:?}"
     );
-    assert!(!we_own_anything(&w.get("second").await?.unwrap()));
+    // Its recovery waits; the fence holds it meanwhile (SPEC §4.5).
+    assert_waiting_fenced(&w.get("second").await?.unwrap());
     assert_eq!(w.revisions().await?, vec!["sh.helm.release.v1.second.v1"]);
+    Ok(())
+}
+
+/// Item 2 of the hand-over: a stuck release deleted while its recovery
+/// waits. helm-controller's deletion path finds the history it cleared empty
+/// and lets go; the fence flux-plunger holds on the waiting release keeps
+/// it, the history is handed over and a reconcile requested, and the
+/// uninstall happens.
+#[tokio::test]
+async fn a_stuck_release_deleted_while_its_recovery_waits_is_held_and_uninstalled() -> Result<()> {
+    let w = world("waiting-delete").await?;
+    w.stuck_release("first", &[(1, "uninstalling")]).await?;
+    w.stuck_release("second", &[(1, "superseded"), (2, "uninstalling")])
+        .await?;
+    let reconciler = w.reconciler().with_controls(plunger::reconcile::Controls {
+        dry_run: false,
+        rate_limit: plunger::ratelimit::RateLimiter::per_minute(1),
+    });
+    assert_eq!(
+        reconciler.reconcile(&w.ns.name, "first").await?,
+        Outcome::Recovered { revision: 1 }
+    );
+    assert!(matches!(
+        reconciler.reconcile(&w.ns.name, "second").await?,
+        Outcome::RateLimited { .. }
+    ));
+
+    w.delete("second").await?;
+    assert_eq!(
+        w.hc.handle("second").await?,
+        Handled::NothingRecordedToUninstall
+    );
+    assert!(w.get("second").await?.is_some(), "the fence holds it");
+
+    assert_eq!(
+        reconciler.reconcile(&w.ns.name, "second").await?,
+        Outcome::HandedOver { revision: 2 }
+    );
+    assert_eq!(w.hc.handle("second").await?, Handled::Uninstalled);
+    assert_eq!(
+        reconciler.reconcile(&w.ns.name, "second").await?,
+        Outcome::FenceDropped
+    );
+    assert!(w.get("second").await?.is_none());
+    assert!(!w.hc.resources_exist("second").await?);
+    assert_handed_over(&w, "second", 2).await
+}
+
+/// The fence a stuck release carried while it waited goes when the storage
+/// turns out to hold nothing to reclaim, and when the release is no longer
+/// stuck; the drain lets go of it whatever the release's state.
+#[tokio::test]
+async fn the_fence_of_a_waiting_release_goes_once_nothing_is_to_be_recovered() -> Result<()> {
+    let w = world("waiting-gone").await?;
+    for name in ["deployed", "unstuck", "drained"] {
+        w.stuck_release(name, &[(1, "uninstalling")]).await?;
+        w.ns.apply_as_flux_plunger(name, false).await?;
+        assert_waiting_fenced(&w.get(name).await?.unwrap());
+    }
+    // Helm wrote a good revision meanwhile: nothing to reclaim.
+    w.ns.create_storage_secret("deployed", 2, "deployed")
+        .await?;
+    assert_eq!(
+        w.reconciler().reconcile(&w.ns.name, "deployed").await?,
+        Outcome::Skipped(SkipReason::LatestIsDeployed { latest: 2 })
+    );
+    assert_let_go(&w.get("deployed").await?.unwrap());
+
+    w.ns.set_ready(
+        "unstuck",
+        "True",
+        "UpgradeSucceeded",
+        "Helm upgrade succeeded",
+    )
+    .await?;
+    assert_eq!(
+        w.reconciler().reconcile(&w.ns.name, "unstuck").await?,
+        Outcome::FenceDropped
+    );
+    assert_let_go(&w.get("unstuck").await?.unwrap());
+
+    assert_eq!(
+        w.reconciler()
+            .letting_go()
+            .settle(&w.ns.name, "drained")
+            .await?,
+        Outcome::FenceDropped
+    );
+    assert_let_go(&w.get("drained").await?.unwrap());
+    assert_eq!(
+        w.revisions().await?,
+        vec![
+            "sh.helm.release.v1.deployed.v1",
+            "sh.helm.release.v1.deployed.v2",
+            "sh.helm.release.v1.drained.v1",
+            "sh.helm.release.v1.unstuck.v1",
+        ]
+    );
     Ok(())
 }
 
@@ -1975,6 +2095,12 @@ async fn a_storage_secret_rewritten_after_the_listing_is_never_deleted() -> Resu
         "refused by its resourceVersion precondition: {err}"
     );
     assert_eq!(w.revisions().await?, vec!["sh.helm.release.v1.web.v1"]);
+    assert_waiting_fenced(&w.get("web").await?.unwrap());
+    // The retry finds a deployed revision: nothing to reclaim, no fence.
+    assert_eq!(
+        w.reconciler().reconcile(&w.ns.name, "web").await?,
+        Outcome::Skipped(SkipReason::LatestIsDeployed { latest: 1 })
+    );
     assert_let_go(&w.get("web").await?.unwrap());
     Ok(())
 }
