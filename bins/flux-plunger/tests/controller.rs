@@ -329,6 +329,11 @@ async fn a_delete_while_the_process_holds_its_suspension_still_reaches_the_unins
         "uninstalled, not orphaned"
     );
     assert_eq!(hc.decisions_for("web").last(), Some(&Handled::Uninstalled));
+    let (_, metrics) = http_get(running.metrics, "/metrics").await?;
+    assert!(
+        metrics.contains("flux_plunger_uninstall_handovers_total{result=\"handed_over\"} 1"),
+        "{metrics}"
+    );
     Ok(())
 }
 

@@ -906,10 +906,17 @@ impl Reconciler {
             Ok(outcome) => Ok(outcome),
             Err(err) => {
                 // Step 9: an early exit never leaves our suspension behind.
-                if let Err(undo) = self.settle(&release.namespace, &release.name).await {
-                    tracing::warn!(release = %release.key(), error = %undo, "could not lift the suspension after a failed recovery step; the retry will");
+                match self.settle(&release.namespace, &release.name).await {
+                    // A delete refused the step, and the undo handed the
+                    // release to helm-controller's uninstall: that is what
+                    // this pass did (helm-controller's answer wakes the next).
+                    Ok(handed @ Outcome::HandedOver { .. }) => Ok(handed),
+                    Ok(_) => Err(err),
+                    Err(undo) => {
+                        tracing::warn!(release = %release.key(), error = %undo, "could not lift the suspension after a failed recovery step; the retry will");
+                        Err(err)
+                    }
                 }
-                Err(err)
             }
         }
     }

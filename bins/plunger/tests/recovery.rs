@@ -746,9 +746,14 @@ async fn delete_during_recovery(
     reconciler.hooks.unfenced = unfenced;
 
     // The recovery meets the delete: its annotation write conflicts, and the
-    // undo lifts our suspension (keeping the fence).
+    // undo hands the newest revision over and lifts our suspension (keeping
+    // the fence). Unfenced, the release may be gone already.
     let first = reconciler.reconcile(&w.ns.name, name).await;
-    assert!(matches!(first, Err(_) | Ok(Outcome::Gone)), "{first:?}");
+    if unfenced {
+        assert!(matches!(first, Err(_) | Ok(Outcome::Gone)), "{first:?}");
+    } else {
+        assert_eq!(first?, Outcome::HandedOver { revision: 2 });
+    }
     // Then both controllers carry on until nothing changes.
     for _ in 0..5 {
         w.hc.handle(name).await?;
@@ -1911,14 +1916,18 @@ async fn events_are_posted_to_flux_notification_controller_in_its_format() -> Re
 
 // Remote clusters (SPEC §9): storage read and written where the release is installed.
 
-#[tokio::test]
-async fn a_release_in_a_remote_cluster_is_recovered_there() -> Result<()> {
+/// Release `web` of `w`, installed in a remote cluster of its own
+/// (`spec.kubeConfig`), stuck, with storage revisions of `revisions` there
+/// and a decoy v2 in the local cluster, where the original looked. Returns
+/// the remote cluster (running while it lives) and the namespace there.
+async fn stuck_in_a_remote_cluster(
+    w: &World,
+    revisions: &[(u64, &str)],
+) -> Result<(testkit::ControlPlane, TestNamespace)> {
     use k8s_openapi::api::core::v1::{Namespace, Secret};
     use kube::api::{Api, PostParams};
-    let w = world("remote").await?;
     let remote = testkit::ControlPlane::start_another()?;
     let remote_client = remote.client().await?;
-    // The same namespace in the remote cluster, with the release's storage.
     let namespaces: Api<Namespace> = Api::all(remote_client.clone());
     namespaces
         .create(
@@ -1928,15 +1937,13 @@ async fn a_release_in_a_remote_cluster_is_recovered_there() -> Result<()> {
         .await?;
     let remote_ns = TestNamespace {
         name: w.ns.name.clone(),
-        client: remote_client.clone(),
+        client: remote_client,
     };
-    remote_ns
-        .create_storage_secret("web", 1, "superseded")
-        .await?;
-    remote_ns
-        .create_storage_secret("web", 2, "uninstalling")
-        .await?;
-    // A decoy in the local cluster, where the original looked.
+    for (revision, status) in revisions {
+        remote_ns
+            .create_storage_secret("web", *revision, status)
+            .await?;
+    }
     w.ns.create_storage_secret("web", 2, "uninstalling").await?;
     let kubeconfig: Secret = serde_json::from_value(json!({
         "metadata": {"name": "remote-kubeconfig"},
@@ -1952,6 +1959,14 @@ async fn a_release_in_a_remote_cluster_is_recovered_there() -> Result<()> {
     .await?;
     w.hc.handle("web").await?;
     w.ns.mark_stuck("web").await?;
+    Ok((remote, remote_ns))
+}
+
+#[tokio::test]
+async fn a_release_in_a_remote_cluster_is_recovered_there() -> Result<()> {
+    let w = world("remote").await?;
+    let (_remote, remote_ns) =
+        stuck_in_a_remote_cluster(&w, &[(1, "superseded"), (2, "uninstalling")]).await?;
 
     assert_eq!(
         w.reconciler().reconcile(&w.ns.name, "web").await?,
@@ -1969,6 +1984,56 @@ async fn a_release_in_a_remote_cluster_is_recovered_there() -> Result<()> {
         "the local decoy stays"
     );
     assert_let_go(&w.get("web").await?.unwrap());
+    Ok(())
+}
+
+/// A release in a remote cluster deleted during its recovery: the history
+/// handed to helm-controller is the newest revision of the storage there
+/// (not the local decoy), written to the status here.
+#[tokio::test]
+async fn a_release_in_a_remote_cluster_deleted_during_its_recovery_is_handed_over_from_the_storage_there()
+-> Result<()> {
+    let w = world("remote-handover").await?;
+    let (_remote, remote_ns) =
+        stuck_in_a_remote_cluster(&w, &[(1, "superseded"), (3, "uninstalling")]).await?;
+    let releases = w.ns.releases();
+    let hc = w.hc.clone();
+    let reconciler = w.reconciler_pausing(Step::Acquired, move || {
+        let (releases, hc) = (releases.clone(), hc.clone());
+        async move {
+            releases
+                .delete("web", &DeleteParams::default())
+                .await
+                .unwrap();
+            assert_eq!(
+                hc.handle("web").await.unwrap(),
+                Handled::UninstallSkippedBecauseSuspended
+            );
+        }
+        .boxed()
+    });
+
+    // The annotation meets the delete's new resourceVersion: the undo hands
+    // the release over and lifts the suspension, keeping the fence.
+    assert_eq!(
+        reconciler.reconcile(&w.ns.name, "web").await?,
+        Outcome::HandedOver { revision: 3 }
+    );
+
+    let handed = w.ns.releases().get("web").await?;
+    let history = &handed.data["status"]["history"];
+    assert_eq!(history.as_array().map(Vec::len), Some(1), "{history}");
+    assert_eq!(history[0]["version"], 3, "the remote revision: {history}");
+    assert_eq!(history[0]["name"], "web");
+    let view = ReleaseView::from_object(&handed);
+    assert!(!view.suspend && view.has_fence());
+    assert_handed_over(&w, "web", 3).await?;
+    assert_eq!(
+        secret_names(&remote_ns).await?,
+        vec!["sh.helm.release.v1.web.v1", "sh.helm.release.v1.web.v3"],
+        "nothing deleted there"
+    );
+    testkit::strip_fences(&w.ns).await?;
     Ok(())
 }
 
