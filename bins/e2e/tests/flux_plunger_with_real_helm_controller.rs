@@ -479,9 +479,10 @@ async fn a_delete_during_a_paused_recovery_is_uninstalled_from_every_stuck_state
             },
         ),
     ];
-    // helm-controller v1.4 answers a newest `uninstalled` revision with an
-    // install ("cannot re-use a name that is still in use"), never with the
-    // stuck message: flux-plunger has nothing to recover there.
+    // helm-controller v1.4 shows the stuck message over a newest
+    // `uninstalled` revision only at first, then retries with an install
+    // ("cannot re-use a name that is still in use"): a flux-plunger started
+    // after that, as this race starts it, has nothing to recover.
     if uninstalled_is_stuck() {
         states.push((
             "uninstalled",
