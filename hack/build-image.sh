@@ -64,19 +64,25 @@ build() {
   printf '%s\n' "$ref" > "$out/$name.ref"
 }
 
-# run REF PROGRAM ARGS...: PROGRAM run inside the image, without a network.
+# run REF USER PROGRAM ARGS...: PROGRAM of the image run in the image's root
+# filesystem as USER, with the image's PATH and nothing else in its
+# environment.
 run() {
-  local ref=$1; shift
+  local ref=$1 user=$2; shift 2
   case $engine in
-    docker) docker run --rm --network none --entrypoint "$1" "$ref" "${@:2}" ;;
+    docker) docker run --rm --network none --user "$user" --entrypoint "$1" "$ref" "${@:2}" ;;
     buildah)
-      local container
+      # The container's root filesystem, chrooted into as USER: no OCI
+      # runtime, no cgroup, nothing left behind. (`buildah run` re-executes
+      # itself from a sealed memfd copy, which fails now and then with EBUSY
+      # on this kind of host: "sealing memfd copy: Device or resource busy".)
+      local container mnt status=0
       container=$(buildah "${storage[@]}" from --pull-never --quiet "$ref")
-      # chroot isolation: no OCI runtime, no cgroup, nothing left behind
-      # (and the host's network, which `--version` never uses).
-      buildah "${storage[@]}" run --isolation chroot "$container" -- "$@" \
-        || { buildah "${storage[@]}" rm "$container" >/dev/null; return 1; }
+      mnt=$(buildah "${storage[@]}" mount "$container")
+      env -i PATH=/usr/local/bin "$(command -v chroot)" --userspec="$user" "$mnt" "$@" || status=$?
+      buildah "${storage[@]}" umount "$container" >/dev/null
       buildah "${storage[@]}" rm "$container" >/dev/null
+      return "$status"
       ;;
   esac
 }
@@ -90,16 +96,16 @@ size() {
 
 mkdir -p "$out"
 build flux-plunger "$image" "$root/Dockerfile" "${binaries[@]/#/$built/}"
-for binary in "${binaries[@]}"; do
-  printf '   %-20s ' "$binary:"
-  run "$image" "$binary" --version
-done
 case $engine in
   docker) user=$(docker image inspect --format '{{.Config.User}}' "$image") ;;
   buildah) user=$(buildah "${storage[@]}" inspect --format '{{.OCIv1.Config.User}}' "$image") ;;
 esac
 [ "$user" = 65532:65532 ] || { echo "the image runs as '$user', not 65532:65532" >&2; exit 1; }
 echo "   runs as $user"
+for binary in "${binaries[@]}"; do
+  printf '   %-20s ' "$binary:"
+  run "$image" "$user" "$binary" --version
+done
 step "image $image: $(size "$image") ($out/flux-plunger.oci.tar)"
 
 build pause "$pause_image" "$root/bins/pause/Dockerfile" "$built/pause"

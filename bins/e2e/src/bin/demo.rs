@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::Result;
-use e2e::{Observed, apply_as_flux_plunger, install, make_stuck, wait_gone, wait_until};
+use e2e::{Observed, apply_as_flux_plunger, make_stuck, wait_gone, wait_until};
 use real_node::OnNode;
 use testkit::control_plane::{AuthInfo, control_plane, tool};
 use testkit::node::node;
@@ -148,13 +148,14 @@ async fn run() -> Result<()> {
         "custom-columns=TYPE:.type,REASON:.reason,FROM:.reportingController",
     ]);
 
-    n.say("3. The race flux-plunger exists for: a delete that lands while it holds its short suspension. \
-           flux-plunger is scaled to 0 (its pod stops, its drain releases what it held), and `api` is left as a \
+    n.say("3. The race flux-plunger exists for: a stuck release deleted while flux-plunger holds its short \
+           suspension. flux-plunger is scaled to 0 (its pod stops, its drain releases what it held); a second \
+           release, `api`, gets stuck the same way (helm-controller clears its history), and is left as a \
            flux-plunger that died in the middle of recovering it leaves it: its suspension and its uninstall fence \
            on the release (one server-side apply by manager flux-plunger). Then the release is deleted.");
     scale(&on, 0).await?;
     n.show(&["get", "pods"]);
-    install(ns, "api", "hello").await?;
+    make_stuck(ns, "api").await?;
     apply_as_flux_plunger(ns, "api", Some(true), true).await?;
     wait_until(
         ns,
@@ -183,15 +184,26 @@ async fn run() -> Result<()> {
     n.show(&["get", "helmrelease", "api", "-o", "custom-columns=NAME:.metadata.name,SUSPEND:.spec.suspend,DELETING:.metadata.deletionTimestamp,FINALIZERS:.metadata.finalizers"]);
     n.show(&["get", "configmaps"]);
 
-    n.say("4. flux-plunger is scaled back to 1: its new pod lifts the suspension and keeps the fence; helm-controller \
-           now handles the unsuspended generation and runs the Helm uninstall; flux-plunger sees helm-controller's \
-           finalizer gone and the generation observed, and drops the fence.");
+    n.say("4. flux-plunger is scaled back to 1. Its new pod finds the release being deleted under its own \
+           suspension, with the history helm-controller cleared: it writes the newest storage revision to \
+           status.history (the uninstall hand-over), lifts the suspension and keeps the fence; helm-controller \
+           handles the unsuspended generation and runs the Helm uninstall of that revision; flux-plunger sees it \
+           reported and drops the fence.");
     scale(&on, 1).await?;
     n.show(&["get", "pods"]);
     wait_gone(ns, "api").await?;
     let left = demo_configmap(ns, "api").await?;
     n.show(&["get", "helmrelease"]);
     n.show(&["get", "configmaps"]);
+    n.show(&["get", "secrets", "-l", "owner=helm,name=api"]);
+    n.show(&[
+        "get",
+        "events",
+        "--field-selector",
+        "involvedObject.name=api",
+        "-o",
+        "custom-columns=TYPE:.type,REASON:.reason,FROM:.reportingController,MESSAGE:.message",
+    ]);
     n.say(&format!(
         "   `api` is gone and its ConfigMap {}.",
         if left.is_none() {
@@ -219,7 +231,7 @@ async fn main() -> std::process::ExitCode {
         result = run() => result,
         _ = tokio::signal::ctrl_c() => {
             println!("\ninterrupted: stopping everything");
-            Ok(())
+            return std::process::ExitCode::from(130);
         }
     };
     match result {
