@@ -339,10 +339,14 @@ async fn a_drain_whose_apiserver_is_gone_17_seconds_resumes_when_it_is_back_and_
     drain.sigterm()?;
     first_pass_done(&world, &["live"], &["deleting"]).await?;
 
-    world.plane.pause_apiserver()?;
+    // Down, not paused: every request and renewal is refused at once, as
+    // when the drain met it in a pod. Gone about 17 s with its restart.
+    world.plane.stop_apiserver()?;
+    let down = Instant::now();
     // The outage itself, not a wait for something to happen.
-    tokio::time::sleep(Duration::from_secs(17)).await;
-    world.plane.resume_apiserver()?;
+    tokio::time::sleep(Duration::from_secs(13)).await;
+    world.plane.start_apiserver_again().await?;
+    let outage = down.elapsed();
     // helm-controller, back too, uninstalls the deleted release: the drain,
     // still holding the Lease, can drop the fence.
     let (helm_controller, stop) = world.hc.clone().spawn(Duration::from_millis(300));
@@ -353,7 +357,7 @@ async fn a_drain_whose_apiserver_is_gone_17_seconds_resumes_when_it_is_back_and_
 
     assert!(
         world.view("deleting").await?.is_none(),
-        "the drain went on after the outage: the release is gone\n{log}"
+        "the drain went on after the outage of {outage:?}: the release is gone\n{log}"
     );
     assert!(!world.hc.resources_exist("deleting").await?, "uninstalled");
     assert_eq!(world.holder().await?, None, "handed over\n{log}");
@@ -372,5 +376,109 @@ async fn a_drain_whose_apiserver_is_gone_17_seconds_resumes_when_it_is_back_and_
             .contains("drain complete: no fence left"),
         "{log}"
     );
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_drain_whose_lease_another_pod_takes_stops_writing_for_good_names_what_it_left_and_keeps_off_the_lease()
+-> Result<()> {
+    let world = World::start("outage-lease-taken").await?;
+    let ns = &world.ns.name;
+    world.live("live", true).await?;
+    world.deleted("deleting", true).await?;
+    // The drain as a ServiceAccount of its own: the audit log tells its
+    // requests apart.
+    let binding = world
+        .plane
+        .grant_cluster_admin(world.client(), ns, &[POD])
+        .await?;
+    let kubeconfig = world.dir.path().join("pod-a.kubeconfig");
+    world
+        .plane
+        .write_service_account_kubeconfig(world.client(), ns, POD, &kubeconfig)
+        .await?;
+    world.lead(POD).await?;
+    // G = 60 s: the drain deadline is 35 s, and "deleting" keeps it busy
+    // (helm-controller is not running to uninstall it).
+    let mut drain = world.drain(60, &kubeconfig).await?;
+    let sigterm = Instant::now();
+    drain.sigterm()?;
+    first_pass_done(&world, &["live"], &["deleting"]).await?;
+
+    // Another pod takes the Lease (as one that judged it expired would).
+    let leases: Api<Lease> = Api::namespaced(world.client().clone(), ns);
+    let taken = leases
+        .patch(
+            "flux-plunger",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"spec": {
+                "holderIdentity": "pod-b",
+                "renewTime": k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(k8s_openapi::jiff::Timestamp::now()),
+            }})),
+        )
+        .await?;
+    let taken_rv = taken.metadata.resource_version;
+    drain
+        .wait_logged(
+            "the Lease is no longer ours: stopped writing",
+            Duration::from_secs(20),
+        )
+        .await?;
+    // helm-controller uninstalls the deleted release now: a drain still
+    // writing would drop its fence.
+    assert_eq!(world.hc.handle("deleting").await?, Handled::Uninstalled);
+    let (status, took) = exited(&mut drain, sigterm).await?;
+    let log = drain.log();
+
+    assert_eq!(status.code(), Some(EXIT_LEFT), "{log}");
+    assert!(took <= Duration::from_secs(36), "{took:?}\n{log}");
+    let last = log.lines().last().unwrap_or_default();
+    assert!(
+        last.contains("lost the Lease during the drain: stopped writing")
+            && last.contains("1 fences and 0 suspensions")
+            && last.contains(&format!("{ns}/deleting (fence, being deleted)")),
+        "the last line names what is left: {last}"
+    );
+    assert!(
+        log.contains("the Lease was no longer ours to hand over"),
+        "{log}"
+    );
+    let held = world
+        .view("deleting")
+        .await?
+        .context("the fence holds it")?;
+    assert!(held.has_fence(), "{held:?}");
+    let lease = leases.get("flux-plunger").await?;
+    assert_eq!(
+        (
+            lease.metadata.resource_version,
+            lease.spec.and_then(|s| s.holder_identity)
+        ),
+        (taken_rv, Some("pod-b".to_owned())),
+        "the drain never wrote the Lease again"
+    );
+    // One writer: nothing the drain sent after the takeover was accepted.
+    let requests = audit::read_log_since(&world.plane.audit_log(), 0)?;
+    let drain_user = audit::service_account_user(ns, POD);
+    let takeover = requests
+        .iter()
+        .filter(|r| {
+            r.user != drain_user && r.resource() == "leases" && r.verb == "patch" && r.succeeded()
+        })
+        .map(|r| r.received_at)
+        .max()
+        .context("the takeover is in the audit log")?;
+    let accepted_after: Vec<String> = requests
+        .iter()
+        .filter(|r| {
+            r.user == drain_user && r.is_write() && r.succeeded() && r.received_at > takeover
+        })
+        .map(|r| format!("{} {}", r.label(), r.name))
+        .collect();
+    assert!(accepted_after.is_empty(), "{accepted_after:?}");
+
+    Api::<k8s_openapi::api::rbac::v1::ClusterRoleBinding>::all(world.client().clone())
+        .delete(&binding, &DeleteParams::default())
+        .await?;
     Ok(())
 }

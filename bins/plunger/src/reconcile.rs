@@ -331,6 +331,13 @@ impl Reconciler {
                     source,
                 });
             }
+            // Missing: helm-controller's own deletion path skips the
+            // uninstall then, so nothing reads this storage for it either.
+            Err(RemoteError::Missing(err)) => {
+                return Ok(StorageFacts::Unreadable {
+                    why: crate::error::describe(&err),
+                });
+            }
             Err(RemoteError::Unusable(why)) => return Ok(StorageFacts::Unreadable { why }),
         };
         let location = StorageLocation::of(release);
@@ -539,7 +546,7 @@ impl Reconciler {
                 // cannot be made now, look again later.
                 let client = match self.storage_client(release).await {
                     Ok(client) => client,
-                    Err(RemoteError::Unreadable(source)) => {
+                    Err(RemoteError::Unreadable(source) | RemoteError::Missing(source)) => {
                         return Err(Error::ReadKubeconfig {
                             key: release.key(),
                             source,
@@ -808,6 +815,23 @@ impl Reconciler {
         let storage_client = match self.storage_client(&release).await {
             Ok(client) => client,
             Err(RemoteError::Unreadable(source)) => {
+                return Err(Error::ReadKubeconfig {
+                    key: release.key(),
+                    source,
+                });
+            }
+            Err(RemoteError::Missing(source)) => {
+                let event = EventSpec {
+                    warning: true,
+                    reason: reasons::REMOTE_CLUSTER_UNUSABLE,
+                    action: "Recover",
+                    note: format!(
+                        "{} is stuck in a remote cluster whose kubeconfig Secret does not exist ({}); flux-plunger retries",
+                        release.key(),
+                        crate::error::describe(&source)
+                    ),
+                };
+                self.events.record(&release, &event).await;
                 return Err(Error::ReadKubeconfig {
                     key: release.key(),
                     source,

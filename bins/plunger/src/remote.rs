@@ -59,8 +59,13 @@ pub enum RemoteError {
     /// The kubeconfig Secret could not be read (the apiserver did not
     /// answer, or refused): retried with backoff like any failed read.
     Unreadable(kube::Error),
-    /// The Secret is missing, or there and wrong: nothing changes until
-    /// someone fixes it, so the release is skipped with a warning.
+    /// The kubeconfig Secret is not there (yet): Cluster API and other
+    /// provisioners create it after the release, and its creation wakes no
+    /// watch of ours, so a recovery is retried with backoff, with a warning.
+    Missing(kube::Error),
+    /// The Secret is there and wrong: nothing changes until someone fixes
+    /// it (an edit of the release wakes it), so the release is skipped with
+    /// a warning.
     Unusable(String),
 }
 
@@ -70,16 +75,11 @@ pub async fn storage_client(local: &Client, release: &ReleaseView) -> Result<Cli
         return Err(RemoteError::Unusable("spec.kubeConfig has no secretRef (a configMapRef for cloud workload identity is not supported)".to_owned()));
     };
     let secrets: Api<Secret> = Api::namespaced(local.clone(), &release.namespace);
-    let secret = secrets
-        .get_opt(&reference.name)
-        .await
-        .map_err(RemoteError::Unreadable)?
-        .ok_or_else(|| {
-            RemoteError::Unusable(format!(
-                "the kubeconfig Secret {}/{} does not exist",
-                release.namespace, reference.name
-            ))
-        })?;
+    let secret = match secrets.get(&reference.name).await {
+        Ok(secret) => secret,
+        Err(err) if crate::error::is_api_code(&err, 404) => return Err(RemoteError::Missing(err)),
+        Err(err) => return Err(RemoteError::Unreadable(err)),
+    };
     usable_client(release, reference, secret)
         .await
         .map_err(RemoteError::Unusable)
