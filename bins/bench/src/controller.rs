@@ -40,12 +40,43 @@ impl Identity {
         testkit::audit::service_account_user(&self.namespace, &self.service_account)
     }
 
-    async fn kubeconfig(&self, admin: &Client, dir: &Path) -> Result<PathBuf> {
+    pub async fn kubeconfig(&self, admin: &Client, dir: &Path) -> Result<PathBuf> {
         let path = dir.join("flux-plunger.kubeconfig");
         control_plane()
             .write_service_account_kubeconfig(admin, &self.namespace, &self.service_account, &path)
             .await?;
         Ok(path)
+    }
+}
+
+/// What a bench controller watches, and where its Lease is.
+#[derive(Debug, Clone, Copy)]
+pub enum Watch<'a> {
+    /// One namespace (`--watch-namespace`), its Lease there.
+    Namespace(&'a str),
+    /// Every namespace, the releases matching `selector`
+    /// (`--watch-label-selector`), its Lease in `lease_namespace`.
+    Selected {
+        selector: &'a str,
+        lease_namespace: &'a str,
+    },
+}
+
+impl Watch<'_> {
+    fn flags(&self) -> Vec<String> {
+        match self {
+            Watch::Namespace(namespace) => vec![format!("--watch-namespace={namespace}")],
+            Watch::Selected { selector, .. } => vec![format!("--watch-label-selector={selector}")],
+        }
+    }
+
+    fn lease_namespace(&self) -> &str {
+        match self {
+            Watch::Namespace(namespace) => namespace,
+            Watch::Selected {
+                lease_namespace, ..
+            } => lease_namespace,
+        }
     }
 }
 
@@ -82,20 +113,40 @@ impl Controller {
         concurrent: u16,
         lease: &str,
     ) -> Result<Self> {
+        Self::spawn_watching(
+            &release_binary("flux-plunger")?,
+            dir,
+            kubeconfig,
+            Watch::Namespace(namespace),
+            concurrent,
+            lease,
+        )
+    }
+
+    /// `binary` (a `flux-plunger` of this or another build) watching what
+    /// `watch` says.
+    pub fn spawn_watching(
+        binary: &Path,
+        dir: tempfile::TempDir,
+        kubeconfig: &Path,
+        watch: Watch<'_>,
+        concurrent: u16,
+        lease: &str,
+    ) -> Result<Self> {
         // Two free_port calls can return the same port.
         let [health_port, metrics_port] = free_ports()?;
         let log = std::fs::File::create(dir.path().join("flux-plunger.log"))?;
         let spawned = Instant::now();
-        let child = Command::new(release_binary("flux-plunger")?)
+        let child = Command::new(binary)
             .arg(format!("--kubeconfig={}", kubeconfig.display()))
-            .arg(format!("--watch-namespace={namespace}"))
+            .args(watch.flags())
             .arg(format!("--concurrent={concurrent}"))
             .arg(format!("--leader-election-lease-name={lease}"))
             .arg(format!("--health-addr=127.0.0.1:{health_port}"))
             .arg(format!("--metrics-addr=127.0.0.1:{metrics_port}"))
             .arg("--log-encoding=json")
             .env("POD_NAME", lease)
-            .env("POD_NAMESPACE", namespace)
+            .env("POD_NAMESPACE", watch.lease_namespace())
             .env_remove("RUST_LOG")
             .stdout(Stdio::null())
             .stderr(log)

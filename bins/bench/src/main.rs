@@ -14,11 +14,15 @@
 //!   pod's first write, after a clean stop with 0 and 200 fences;
 //! - the sweep (pre-delete hook): time for 500 fenced releases;
 //! - one recovery of a release with 10 revisions of 200 KB: the requests and
-//!   the bytes the controller received.
+//!   the bytes the controller received;
+//! - 50,000 releases, in one namespace and over 500: the controller's memory,
+//!   start-up and idle requests, and a drain's and a sweep's requests and
+//!   bytes among them (`large`, run last: it leaves 100,000 releases).
 #![forbid(unsafe_code)]
 
 mod burst;
 mod controller;
+mod large;
 mod memory;
 mod objects;
 mod scale;
@@ -525,6 +529,60 @@ async fn main() -> Result<()> {
         }
     }
     report.json.insert("burst".into(), json!(burst_json));
+
+    if wanted("large") {
+        eprintln!(
+            ">> {} releases in one namespace and in {} ({RUNS} runs each; creating them takes minutes)",
+            large::RELEASES,
+            large::NAMESPACES
+        );
+        let figures = large::bench_large(&admin, &identity).await?;
+        let mut layouts_json = Vec::new();
+        for f in &figures.layouts {
+            report.row(
+                format!(
+                    "controller ({}), {} releases in {}: start-up to `/readyz` / steady RSS / idle requests a minute",
+                    f.build,
+                    large::RELEASES,
+                    f.layout
+                ),
+                format!(
+                    "{} / {} / {:.0}",
+                    secs(f.ready),
+                    mib(f.steady_kib),
+                    f.idle_per_minute
+                ),
+            );
+            layouts_json.push(json!({"layout": f.layout, "build": f.build,
+                "ready_seconds": f.ready.as_secs_f64(), "peak_rss_kib": f.peak_kib,
+                "steady_rss_kib": f.steady_kib, "idle_requests_per_minute": f.idle_per_minute}));
+        }
+        for (what, f) in [
+            ("drain", figures.among.drain),
+            ("sweep", figures.among.sweep),
+        ] {
+            report.row(
+                format!(
+                    "{what} of {} fences among {} releases: time / requests / bytes received",
+                    scale::FENCES,
+                    figures.cluster_releases
+                ),
+                format!(
+                    "{} / {} / {:.1} MiB",
+                    secs(f.took),
+                    f.requests,
+                    f.bytes as f64 / 1048576.0
+                ),
+            );
+        }
+        report.json.insert(
+            "large".into(),
+            json!({"releases": large::RELEASES, "namespaces": large::NAMESPACES, "layouts": layouts_json,
+                "cluster_releases": figures.cluster_releases,
+                "drain": {"seconds": figures.among.drain.took.as_secs_f64(), "requests": figures.among.drain.requests, "response_bytes": figures.among.drain.bytes},
+                "sweep": {"seconds": figures.among.sweep.took.as_secs_f64(), "requests": figures.among.sweep.requests, "response_bytes": figures.among.sweep.bytes}}),
+        );
+    }
 
     let load_after = load_average();
     let took = bench_started.elapsed();

@@ -149,14 +149,27 @@ pub fn stuck_status(namespace: &str, name: &str) -> Value {
 /// Creates realistic releases `range` (by number) in `ns`: three writes
 /// each, by three managers, `SETUP_CONCURRENCY` at a time.
 pub async fn create_releases(ns: &TestNamespace, range: std::ops::Range<usize>) -> Result<()> {
+    create_labelled_releases(ns, range, None).await
+}
+
+/// [`create_releases`], each also carrying `label` (`key`, `value`).
+pub async fn create_labelled_releases(
+    ns: &TestNamespace,
+    range: std::ops::Range<usize>,
+    label: Option<(&str, &str)>,
+) -> Result<()> {
     stream::iter(range)
         .map(|i| async move {
             let name = release_name(i);
             let api = ns.releases();
+            let mut body = applied(&ns.name, &name, i);
+            if let Some((key, value)) = label {
+                body["metadata"]["labels"][key] = json!(value);
+            }
             api.patch(
                 &name,
                 &PatchParams::apply("kustomize-controller").force(),
-                &Patch::Apply(applied(&ns.name, &name, i)),
+                &Patch::Apply(body),
             )
             .await?;
             let helm_controller = PatchParams {

@@ -51,17 +51,19 @@ pub async fn bench_scale(admin: &Client) -> Result<ScaleFigures> {
         "   created {RELEASES} releases in {:.1}s",
         started.elapsed().as_secs_f64()
     );
-    let drain = measure(&fenced, |kubeconfig| {
-        let fenced = &fenced;
-        async move {
-            lead(fenced, "pod-a").await?;
-            signal_drain(fenced, "pod-a", &kubeconfig).await
-        }
+    drain_and_sweep(&fenced).await
+}
+
+/// Measures a drain and a sweep over the `FENCES` releases of `fenced`,
+/// whatever else the cluster holds.
+pub async fn drain_and_sweep(fenced: &TestNamespace) -> Result<ScaleFigures> {
+    let drain = measure(fenced, |kubeconfig| async move {
+        lead(fenced, "pod-a").await?;
+        signal_drain(fenced, "pod-a", &kubeconfig).await
     })
     .await?;
-    let sweep = measure(&fenced, |kubeconfig| {
-        let fenced = &fenced;
-        async move { run_sweep(fenced, &kubeconfig).await }
+    let sweep = measure(fenced, |kubeconfig| async move {
+        run_sweep(fenced, &kubeconfig).await
     })
     .await?;
     Ok(ScaleFigures { drain, sweep })

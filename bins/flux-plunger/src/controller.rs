@@ -120,6 +120,28 @@ pub fn trim(object: &mut DynamicObject) {
     object.data = Value::Object(data);
 }
 
+/// What the cache (and through it the queue) gets of a watch event: only the
+/// releases the watch filter lets through (SPEC §4) are kept. A release that
+/// stops being of interest is removed (its event becomes a delete), and one
+/// that is of no interest when listed never enters. With thousands of healthy
+/// releases the cache then holds a handful, however large the cluster; a
+/// reconcile reads its release afresh anyway, and the fence and suspension
+/// gauges count only releases of interest.
+fn cached(event: watcher::Event<Trimmed>) -> Option<watcher::Event<DynamicObject>> {
+    let of_interest = |o: &DynamicObject| is_of_interest(&ReleaseView::from_object(o));
+    match event {
+        watcher::Event::Apply(Trimmed(o)) if of_interest(&o) => Some(watcher::Event::Apply(o)),
+        watcher::Event::Apply(Trimmed(o)) | watcher::Event::Delete(Trimmed(o)) => {
+            Some(watcher::Event::Delete(o))
+        }
+        watcher::Event::InitApply(Trimmed(o)) => {
+            of_interest(&o).then_some(watcher::Event::InitApply(o))
+        }
+        watcher::Event::Init => Some(watcher::Event::Init),
+        watcher::Event::InitDone => Some(watcher::Event::InitDone),
+    }
+}
+
 async fn reconcile(object: Arc<DynamicObject>, ctx: Arc<Context>) -> Result<Action, Error> {
     let namespace = object.namespace().unwrap_or_default();
     let name = object.name_any();
@@ -237,21 +259,13 @@ pub async fn run(
         let writer = reflector::store::Writer::new(resource.clone());
         let store = writer.as_reader();
         stores.push(store.clone());
-        // Decoded straight into the trimmed form (see `watched`).
+        // Decoded straight into the trimmed form (see `watched`); only the
+        // releases of interest reach the cache and the queue.
         let stream = watcher(api, watcher_config(&scope))
-            .map_ok(|event| match event {
-                watcher::Event::Apply(Trimmed(o)) => watcher::Event::Apply(o),
-                watcher::Event::Delete(Trimmed(o)) => watcher::Event::Delete(o),
-                watcher::Event::Init => watcher::Event::Init,
-                watcher::Event::InitApply(Trimmed(o)) => watcher::Event::InitApply(o),
-                watcher::Event::InitDone => watcher::Event::InitDone,
-            })
+            .try_filter_map(|event| std::future::ready(Ok(cached(event))))
             .default_backoff()
             .reflect(writer)
-            .applied_objects()
-            .try_filter(|object| {
-                std::future::ready(is_of_interest(&ReleaseView::from_object(object)))
-            });
+            .applied_objects();
         let controller = Controller::for_stream_with(stream, store, resource.clone())
             .with_config(ControllerConfig::default().concurrency(concurrency))
             .graceful_shutdown_on(shutdown.clone())
@@ -349,6 +363,40 @@ mod tests {
             trimmed.metadata.finalizers,
             Some(vec!["flux-plunger.cozystack.io/uninstall-fence".to_owned()])
         );
+    }
+
+    fn watched(value: serde_json::Value) -> Trimmed {
+        serde_json::from_value(value).unwrap()
+    }
+
+    #[test]
+    fn the_cache_holds_only_releases_of_interest() {
+        let healthy = json!({"metadata": {"name": "ok", "namespace": "apps"}, "spec": {}});
+        let fenced = json!({"metadata": {"name": "held", "namespace": "apps",
+            "finalizers": [FENCE_FINALIZER]}, "spec": {}});
+        let name = |event: &watcher::Event<DynamicObject>| match event {
+            watcher::Event::Apply(o) | watcher::Event::InitApply(o) | watcher::Event::Delete(o) => {
+                o.metadata.name.clone()
+            }
+            _ => None,
+        };
+
+        let kept = cached(watcher::Event::Apply(watched(fenced.clone()))).unwrap();
+        assert!(matches!(kept, watcher::Event::Apply(_)));
+        assert_eq!(name(&kept).as_deref(), Some("held"));
+        // No longer of interest: taken out of the cache, never queued.
+        let evicted = cached(watcher::Event::Apply(watched(healthy.clone()))).unwrap();
+        assert!(matches!(evicted, watcher::Event::Delete(_)));
+        assert_eq!(name(&evicted).as_deref(), Some("ok"));
+        assert!(cached(watcher::Event::InitApply(watched(healthy))).is_none());
+        assert!(matches!(
+            cached(watcher::Event::InitApply(watched(fenced))),
+            Some(watcher::Event::InitApply(_))
+        ));
+        assert!(matches!(
+            cached(watcher::Event::InitDone),
+            Some(watcher::Event::InitDone)
+        ));
     }
 
     #[test]
