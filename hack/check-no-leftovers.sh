@@ -25,11 +25,17 @@ node_leftovers() {
   ls -d /sys/fs/cgroup/*/"$sandbox"-* "${TMPDIR:-/tmp}/$sandbox"-* 2>/dev/null || true
   grep -F "$sandbox" /proc/self/mountinfo || true
   ip -o link show 2>/dev/null | grep -E ': (fp-pods0|veth[^:]*)[:@]' || true
-  ip -o addr show 2>/dev/null | grep -E ' (10\.254\.0\.1|10\.96\.0\.1)/' || true
+  ip -o addr show 2>/dev/null | grep -E ' (10\.254\.0\.1|10\.96\.0\.1|10\.244\.0\.[0-9]+)/' || true
+  ip route show 2>/dev/null | grep -E '10\.(254\.0|96\.0|244\.0)\.' || true
   ip netns list 2>/dev/null | grep -E '^(cni-|flux-plunger)' || true
-  if command -v iptables >/dev/null 2>&1; then
-    iptables -S 2>/dev/null | grep -E 'KUBE-|CNI-' || true
-  fi
+  # Read, never written: every table kubelet, kube-proxy or a CNI plugin
+  # could have touched, both families.
+  for tool in iptables ip6tables; do
+    command -v "$tool" >/dev/null 2>&1 || continue
+    for table in filter nat mangle; do
+      "$tool" -t "$table" -S 2>/dev/null | grep -E 'KUBE-|CNI-' | sed "s/^/$tool -t $table: /" || true
+    done
+  done
 }
 for _ in $(seq 1 50); do
   procs=$(pgrep -a -f "^(${out}/bin/(etcd|kube-apiserver|helm-controller-[^ ]+)|${root}/target/[^/ ]+/flux-plunger(-drain|-sweep)?)( |$)" || true)

@@ -21,9 +21,11 @@ BATS_VERSION := 1.13.0
 # The node tier (make test-node) and `make image`: Debian's packages, named
 # here and nowhere else. containerd, runc and the CNI plugins make the node (the
 # kubelet drives them); buildah builds the images where no Docker engine runs;
-# musl-tools is the C compiler of the static binaries' C code (ring). Tried
-# here: containerd 1.6.20, runc 1.1.5, containernetworking-plugins 1.1.1,
-# buildah 1.28.2, musl-tools 1.2.3 (Debian 12).
-NODE_DEBIAN_PACKAGES := containerd runc containernetworking-plugins buildah musl-tools
+# musl-tools is the C compiler of the static binaries' C code (ring);
+# iptables only lets hack/check-no-leftovers.sh read the host's firewall (it
+# never writes it). Tried here: containerd 1.6.20, runc 1.1.5,
+# containernetworking-plugins 1.1.1, buildah 1.28.2, musl-tools 1.2.3,
+# iptables 1.8.9 (Debian 12).
+NODE_DEBIAN_PACKAGES := containerd runc containernetworking-plugins buildah musl-tools iptables
 # The Rust target of the image's static binaries (installed by rustup).
 IMAGE_RUST_TARGET := x86_64-unknown-linux-musl

@@ -21,6 +21,9 @@ use testkit::real_helm_controller::{helm_controller, serve_chart};
 /// and the chart its objects (the name already says flux-plunger).
 const NAME: &str = "flux-plunger";
 
+/// `spec.uninstall.timeout` of the HelmRelease, as the README recommends.
+const UNINSTALL_TIMEOUT: &str = "5m";
+
 /// The chart packaged by `helm package`, with its name and version.
 fn packaged_chart(dir: &std::path::Path) -> Result<(String, ChartArchive)> {
     let output = chart_contract::helm()?
@@ -132,6 +135,8 @@ async fn install_upgrade_and_delete(on: &OnNode) -> Result<()> {
                 "chart": "flux-plunger", "version": version,
                 "sourceRef": {"kind": "HelmRepository", "name": "flux-plunger"}, "interval": "1h",
             }},
+            // As the README says to: above the hook's 240 s.
+            "uninstall": {"timeout": UNINSTALL_TIMEOUT, "disableHooks": false},
             // helm-controller waits for the Deployment to be ready.
             "values": {
                 "shutdownGracePeriodSeconds": 90,
@@ -208,11 +213,63 @@ async fn install_upgrade_and_delete(on: &OnNode) -> Result<()> {
         r.is_none()
     })
     .await?;
-    on.completed_hook_job().await?;
+    // The hook ran to completion inside helm-controller's uninstall timeout
+    // (and its own deadline), and the uninstall went on after it.
+    let hook = on.completed_hook_job().await?;
+    let status = hook.status.as_ref().context("the hook's status")?;
+    let (started, completed) = (
+        status.start_time.as_ref().context("started")?.0,
+        status.completion_time.as_ref().context("completed")?.0,
+    );
+    let took = std::time::Duration::try_from(completed - started)?;
+    let deadline = hook
+        .spec
+        .as_ref()
+        .and_then(|s| s.active_deadline_seconds)
+        .context("the hook's deadline")?;
+    ensure!(
+        took.as_secs() < deadline as u64 && took < std::time::Duration::from_secs(300),
+        "the hook took {took:?} (its deadline {deadline} s, the uninstall timeout {UNINSTALL_TIMEOUT})"
+    );
+    // The component goes cleanly: nothing of the chart but the hook's Job,
+    // kept for its report until its TTL, and the hook's own objects.
     ensure!(
         deployments.get_opt(NAME).await?.is_none(),
         "the Deployment is left"
     );
     ensure!(on.lease().await?.is_none(), "the Lease is left");
+    ensure!(
+        on.pods()
+            .list(&kube::api::ListParams::default().labels(&on.selector()))
+            .await?
+            .items
+            .is_empty(),
+        "controller pods are left"
+    );
+    let service_accounts: Api<k8s_openapi::api::core::v1::ServiceAccount> =
+        Api::namespaced(ns.client.clone(), &ns.name);
+    ensure!(
+        service_accounts.get_opt(NAME).await?.is_none(),
+        "the controller's ServiceAccount is left"
+    );
+    let cluster_roles: Api<k8s_openapi::api::rbac::v1::ClusterRole> = Api::all(ns.client.clone());
+    ensure!(
+        cluster_roles.get_opt(NAME).await?.is_none(),
+        "the controller's ClusterRole is left"
+    );
+    let policies: Api<DynamicObject> = Api::all_with(
+        ns.client.clone(),
+        &kube::api::ApiResource {
+            group: "admissionregistration.k8s.io".into(),
+            version: "v1".into(),
+            api_version: "admissionregistration.k8s.io/v1".into(),
+            kind: "ValidatingAdmissionPolicy".into(),
+            plural: "validatingadmissionpolicies".into(),
+        },
+    );
+    ensure!(
+        policies.get_opt(NAME).await?.is_none(),
+        "the admission guard is left"
+    );
     Ok(())
 }

@@ -119,8 +119,8 @@ async fn the_chart_installs_recovers_a_stuck_release_and_uninstalls_through_its_
         "the recovery is not counted:\n{metrics}"
     );
 
-    // A fence the drain cannot release (its writes are refused): it tries to
-    // its deadline, then the hook lets go.
+    // A fence the controller's drain cannot release (its writes are
+    // refused): only the hook, under its own ServiceAccount, can let go.
     let held_ns = TestNamespace::create(&ns.client, "node-life-held").await?;
     let held_since = testkit::audit::mark();
     let refusal = fence_only_the_hook_can_release(&on, &held_ns, "held").await?;
@@ -158,6 +158,42 @@ async fn the_chart_installs_recovers_a_stuck_release_and_uninstalls_through_its_
             && report.contains("released 1 of 1 fenced HelmReleases, 0 without an uninstall"),
         "the hook's report:\n{report}\nthe held release's writes:\n{}",
         real_node::trail(held_since, &held_ns.name, &["held".to_owned()])?
+    );
+    // The hook stopped the controller before it touched a fence: it scaled
+    // the Deployment to 0 through its scale subresource, then waited until
+    // the controller's pod was gone (the kubelet's final delete of it, after
+    // the drain), and only then patched the release.
+    let requests = testkit::audit::read_since(held_since)?;
+    let hook_user =
+        testkit::audit::service_account_user(&ns.name, &format!("{}-pre-delete", on.fullname));
+    let scaled = requests
+        .iter()
+        .find(|r| {
+            r.user == hook_user
+                && r.resource() == "deployments"
+                && r.request_uri.contains("/scale")
+                && r.is_write()
+                && r.succeeded()
+        })
+        .map(|r| r.received_at)
+        .context("the hook's scale-down of the Deployment")?;
+    let pod_gone = requests
+        .iter()
+        .filter(|r| {
+            r.verb == "delete" && r.resource() == "pods" && r.name == pod_name && r.succeeded()
+        })
+        .map(|r| r.received_at)
+        .max()
+        .context("the controller pod's delete")?;
+    let released = requests
+        .iter()
+        .filter(|r| r.user == hook_user && r.resource() == "helmreleases" && r.is_write())
+        .map(|r| r.received_at)
+        .min()
+        .context("the hook's patch of the release")?;
+    ensure!(
+        scaled < pod_gone && pod_gone < released,
+        "scaled at {scaled}, the controller pod gone at {pod_gone}, the fence released at {released}"
     );
 
     // Nothing of flux-plunger is left: no Deployment, no pod, no Lease, no fence.
