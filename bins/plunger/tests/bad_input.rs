@@ -28,10 +28,13 @@ struct World {
 async fn world(prefix: &str) -> Result<World> {
     let client = control_plane().client().await?;
     let ns = TestNamespace::create(&client, prefix).await?;
-    let hc = SimulatedHelmController::new(client.clone(), &ns.name);
+    let hc = SimulatedHelmController::new(client, &ns.name);
+    // flux-plunger as the chart's ServiceAccount, under the chart's
+    // admission guard.
+    let flux_plunger = testkit::guard::shared()?.controller_client().await?;
     let reconciler = Reconciler::new(
-        client.clone(),
-        Events::new(client, "flux-plunger", None),
+        flux_plunger.clone(),
+        Events::new(flux_plunger, "flux-plunger", None),
         Timings::default(),
     );
     Ok(World { ns, hc, reconciler })
