@@ -7,10 +7,8 @@ use std::time::Instant;
 
 use futures::future::BoxFuture;
 use plunger::drain::{DrainReport, Ending, drain};
-use plunger::lease::{Claim, LeaseLock, Renewal};
+use plunger::lease::{self, Keeping, LeaseLock, Renewal};
 use plunger::reconcile::Reconciler;
-use plunger::timings::Timings;
-use tokio::sync::{oneshot, watch};
 
 use crate::cli::Args;
 
@@ -36,8 +34,6 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     // so that the handover and the report fit inside it.
     let deadline = Instant::now() + timings.drain_deadline;
     let work_until = deadline - timings.drain_handover_reserve;
-    let (claim_tx, claim_rx) = watch::channel(Claim::Until(Instant::now()));
-    let writer = args.kube.writer_client(claim_rx.clone()).await?;
     let mut lock = LeaseLock::new(
         args.kube.client().await?,
         &namespace,
@@ -66,9 +62,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     })
     .await;
     match renewal {
-        Some(Renewal::Renewed) => {
-            let _ = claim_tx.send(Claim::Until(sent + timings.lease_renew_deadline));
-        }
+        Some(Renewal::Renewed) => {}
         Some(Renewal::NotOurs(holder)) => {
             tracing::info!(holder = ?holder, "the Lease moved on: nothing to drain");
             return Ok(ExitCode::SUCCESS);
@@ -76,8 +70,8 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         None => return Ok(unknown("could not renew the leader Lease")),
     }
 
-    let (done, done_rx) = oneshot::channel();
-    let keeper = tokio::spawn(keep_lease(lock, timings, sent, claim_tx, done_rx));
+    let held = lease::hold(lock, sent, Keeping::drain(&timings));
+    let writer = args.kube.writer_client(held.claim()).await?;
     let events = args.events.events(writer.clone(), &identity);
     let reconciler = Reconciler::new(writer.clone(), events, timings)
         .letting_go()
@@ -87,13 +81,12 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         &writer,
         &reconciler,
         &scope,
-        claim_rx,
+        held.claim(),
         work_until,
         usize::from(args.concurrent),
     )
     .await;
-    let _ = done.send(());
-    if let Ok(lock) = keeper.await {
+    if let Some(lock) = held.stop().await {
         hand_over(&lock, deadline).await;
     }
     Ok(log_report(&report))
@@ -197,59 +190,4 @@ async fn wait_for_stop() -> anyhow::Result<()> {
         _ = int.recv() => tracing::info!("SIGINT: draining"),
     }
     Ok(())
-}
-
-/// Renews the Lease every retry period until `done` fires, then returns the
-/// lock for the handover (which clears the holder only if it is still us).
-/// Each success extends the claim to a renew deadline after the renewal was
-/// sent; a failed renewal leaves the claim to lapse, and the next success
-/// (the Lease still ours: nobody wrote it since) restores it. The claim is
-/// lost for good when the Lease names someone else or nobody, or when it
-/// could have expired (no renewal for a whole Lease duration).
-async fn keep_lease(
-    mut lock: LeaseLock,
-    timings: Timings,
-    mut last_renewal: Instant,
-    claim: watch::Sender<Claim>,
-    mut done: oneshot::Receiver<()>,
-) -> LeaseLock {
-    loop {
-        tokio::select! {
-            _ = &mut done => return lock,
-            () = tokio::time::sleep(timings.lease_retry_period) => {}
-        }
-        if *claim.borrow() == Claim::Lost {
-            continue;
-        }
-        let sent = Instant::now();
-        // The drain's end does not wait for a renewal under way: the
-        // handover reads the Lease afresh anyway.
-        let renewal = tokio::select! {
-            _ = &mut done => None,
-            renewal = tokio::time::timeout(timings.lease_retry_period, lock.renew()) => Some(renewal),
-        };
-        match renewal {
-            None => return lock,
-            Some(Ok(Ok(Renewal::Renewed))) => {
-                last_renewal = sent;
-                let _ = claim.send(Claim::Until(sent + timings.lease_renew_deadline));
-                continue;
-            }
-            Some(Ok(Ok(Renewal::NotOurs(holder)))) => {
-                tracing::error!(holder = ?holder, "the Lease is no longer ours: stopped writing");
-                let _ = claim.send(Claim::Lost);
-                continue;
-            }
-            Some(Ok(Err(err))) => {
-                tracing::warn!(error = %err, "could not renew the Lease during the drain")
-            }
-            Some(Err(_)) => tracing::warn!("renewing the Lease during the drain timed out"),
-        }
-        if last_renewal.elapsed() >= timings.lease_duration {
-            tracing::error!(
-                "the Lease was not renewed for its whole duration and could have expired: stopped writing"
-            );
-            let _ = claim.send(Claim::Lost);
-        }
-    }
 }

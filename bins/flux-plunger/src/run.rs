@@ -3,10 +3,10 @@
 
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::{Context as _, bail};
-use plunger::lease::{Attempt, LeaseLock};
+use plunger::lease::{self, Attempt, Keeping, LeaseLock};
 use plunger::ratelimit::RateLimiter;
 use plunger::reconcile::{Controls, Reconciler};
 use plunger::timings::Timings;
@@ -62,7 +62,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     let (stop_tx, mut stop_rx) = watch::channel(Stop::Running);
     tokio::spawn(stop_on_signal(stop_tx.clone()));
 
-    if args.leader_elect {
+    let held = if args.leader_elect {
         let namespace = args
             .lease
             .namespace("--leader-elect keeps its Lease there")?;
@@ -73,15 +73,23 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
             &identity,
             timings.lease_duration,
         );
-        if !acquire(&mut lock, &timings, &mut stop_rx).await? {
+        let Some(renewed_at) = acquire(&mut lock, &timings, &mut stop_rx).await? else {
             tracing::info!("stopped before becoming the leader");
             return Ok(ExitCode::SUCCESS);
-        }
+        };
         metrics.leader.set(1);
-        tokio::spawn(keep_lease(lock, timings, stop_tx.clone()));
+        let held = lease::hold(lock, renewed_at, Keeping::controller(&timings));
+        let lost = held.lost();
+        let stop = stop_tx.clone();
+        tokio::spawn(async move {
+            lost.await;
+            let _ = stop.send(Stop::LostLease);
+        });
+        Some(held)
     } else {
         tracing::warn!("leader election is off: run exactly one flux-plunger against this cluster");
-    }
+        None
+    };
 
     let events = args.events.events(client.clone(), &identity);
     let controls = Controls {
@@ -140,6 +148,10 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::FAILURE)
         }
         Stop::Signal | Stop::Running => {
+            // The Lease stays as it is, for the drain.
+            if let Some(held) = held {
+                held.stop().await;
+            }
             let started = Instant::now();
             match tokio::time::timeout(timings.controller_stop_bound, &mut controller_task).await {
                 Ok(_) => {
@@ -198,18 +210,20 @@ async fn stop_on_signal(stop: watch::Sender<Stop>) {
     let _ = stop.send(Stop::Signal);
 }
 
-/// Waits for the Lease; false if told to stop first.
+/// Waits for the Lease; when the successful try was sent, or `None` if told
+/// to stop first.
 async fn acquire(
     lock: &mut LeaseLock,
     timings: &Timings,
     stop: &mut watch::Receiver<Stop>,
-) -> anyhow::Result<bool> {
+) -> anyhow::Result<Option<Instant>> {
     let mut last_holder = None;
     loop {
+        let sent = Instant::now();
         match lock.try_acquire_or_renew().await {
             Ok(Attempt::Held) => {
                 tracing::info!(identity = lock.identity(), "became the leader");
-                return Ok(true);
+                return Ok(Some(sent));
             }
             Ok(Attempt::HeldBy(holder)) => {
                 if last_holder.as_ref() != Some(&holder) {
@@ -223,48 +237,8 @@ async fn acquire(
         }
         tokio::select! {
             _ = tokio::time::sleep(timings.lease_retry_period) => {}
-            _ = stop.wait_for(|s| *s != Stop::Running) => return Ok(false),
+            _ = stop.wait_for(|s| *s != Stop::Running) => return Ok(None),
         }
-    }
-}
-
-/// Renews the Lease every renew interval while running, and every retry
-/// period after a renewal failed; a leader that could not renew within the
-/// renew deadline stops writing.
-async fn keep_lease(mut lock: LeaseLock, timings: Timings, stop: watch::Sender<Stop>) {
-    let mut last_renewal = Instant::now();
-    let mut rx = stop.subscribe();
-    let mut next_in = timings.lease_renew_interval;
-    loop {
-        tokio::select! {
-            _ = tokio::time::sleep(next_in) => {}
-            // Stopped: leave the Lease as it is, for the drain.
-            _ = rx.wait_for(|s| *s != Stop::Running) => return,
-        }
-        match tokio::time::timeout(
-            timings.lease_retry_period.max(Duration::from_secs(1)),
-            lock.try_acquire_or_renew(),
-        )
-        .await
-        {
-            Ok(Ok(Attempt::Held)) => {
-                last_renewal = Instant::now();
-                next_in = timings.lease_renew_interval;
-                continue;
-            }
-            Ok(Ok(Attempt::HeldBy(holder))) => {
-                tracing::error!(holder = %holder, "the leader Lease was taken over");
-                let _ = stop.send(Stop::LostLease);
-                return;
-            }
-            Ok(Err(err)) => tracing::warn!(error = %err, "could not renew the leader Lease"),
-            Err(_) => tracing::warn!("renewing the leader Lease timed out"),
-        }
-        if last_renewal.elapsed() >= timings.lease_renew_deadline {
-            let _ = stop.send(Stop::LostLease);
-            return;
-        }
-        next_in = timings.lease_retry_period;
     }
 }
 

@@ -17,6 +17,11 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::Timestamp;
 use kube::Client;
 use kube::api::{Api, ObjectMeta, PostParams};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::timings::Timings;
 
 /// What one attempt found.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -277,5 +282,139 @@ impl LeaseLock {
         self.observed
             .as_ref()
             .is_some_and(|(_, since)| since.elapsed() >= duration)
+    }
+}
+
+/// How a holder keeps its Lease: how often it renews, how long each renewal
+/// lets its writes go out, and when it is lost for good.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Keeping {
+    /// Between renewals while they succeed.
+    pub renew_every: Duration,
+    /// Between tries after a renewal failed.
+    pub retry_every: Duration,
+    /// Each try's own bound: a renewal that does not answer is a failed one.
+    pub attempt_timeout: Duration,
+    /// How long after a successful renewal was *sent* writes may go out.
+    pub claim_for: Duration,
+    /// Lost for good once no renewal has succeeded for this long.
+    pub lost_after: Duration,
+}
+
+impl Keeping {
+    /// The controller's: quiet while renewals succeed (the renew interval),
+    /// every retry period after a failure, and lost at the renew deadline
+    /// (the controller then stops at once and exits).
+    pub fn controller(timings: &Timings) -> Self {
+        Self {
+            renew_every: timings.lease_renew_interval,
+            retry_every: timings.lease_retry_period,
+            attempt_timeout: timings.lease_retry_period.max(Duration::from_secs(1)),
+            claim_for: timings.lease_renew_deadline,
+            lost_after: timings.lease_renew_deadline,
+        }
+    }
+
+    /// The drain's: every retry period; after failed renewals its writes wait
+    /// for the next success, and it is lost for good only when the Lease
+    /// could have expired (no renewal for a whole Lease duration).
+    pub fn drain(timings: &Timings) -> Self {
+        Self {
+            renew_every: timings.lease_retry_period,
+            retry_every: timings.lease_retry_period,
+            attempt_timeout: timings.lease_retry_period,
+            claim_for: timings.lease_renew_deadline,
+            lost_after: timings.lease_duration,
+        }
+    }
+}
+
+/// A Lease this process holds, renewed by a task of its own. Writers look
+/// at its [`Claim`] right before each write; [`Held::lost`] resolves once it
+/// is lost for good (taken over, handed over by someone else, or possibly
+/// expired).
+pub struct Held {
+    claim: watch::Receiver<Claim>,
+    stop: CancellationToken,
+    task: JoinHandle<LeaseLock>,
+}
+
+/// Keeps `lock` (whose Lease a renewal *sent* at `renewed_at` took or
+/// renewed) the way `keeping` says, until [`Held::stop`].
+pub fn hold(lock: LeaseLock, renewed_at: Instant, keeping: Keeping) -> Held {
+    let (claim_tx, claim) = watch::channel(Claim::Until(renewed_at + keeping.claim_for));
+    let stop = CancellationToken::new();
+    let task = tokio::spawn(keep(lock, keeping, renewed_at, claim_tx, stop.clone()));
+    Held { claim, stop, task }
+}
+
+impl Held {
+    /// The claim, for a client that holds writes back while it is not current.
+    pub fn claim(&self) -> watch::Receiver<Claim> {
+        self.claim.clone()
+    }
+
+    /// Resolves once the Lease is lost for good; never, if it is stopped
+    /// first.
+    pub fn lost(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let mut claim = self.claim.clone();
+        async move {
+            if claim.wait_for(|c| *c == Claim::Lost).await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+    }
+
+    /// Stops renewing (a renewal under way is dropped: whoever looks at the
+    /// Lease next reads it afresh) and gives the lock back, to hand the
+    /// Lease over or to leave it as it is.
+    pub async fn stop(self) -> Option<LeaseLock> {
+        self.stop.cancel();
+        self.task.await.ok()
+    }
+}
+
+async fn keep(
+    mut lock: LeaseLock,
+    keeping: Keeping,
+    mut last_renewal: Instant,
+    claim: watch::Sender<Claim>,
+    stop: CancellationToken,
+) -> LeaseLock {
+    let mut next_in = keeping.renew_every;
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return lock,
+            () = tokio::time::sleep(next_in) => {}
+        }
+        let sent = Instant::now();
+        let renewal = tokio::select! {
+            () = stop.cancelled() => return lock,
+            renewal = tokio::time::timeout(keeping.attempt_timeout, lock.renew()) => renewal,
+        };
+        match renewal {
+            Ok(Ok(Renewal::Renewed)) => {
+                last_renewal = sent;
+                let _ = claim.send(Claim::Until(sent + keeping.claim_for));
+                next_in = keeping.renew_every;
+                continue;
+            }
+            Ok(Ok(Renewal::NotOurs(holder))) => {
+                tracing::error!(holder = ?holder, "the Lease is no longer ours: stopped writing");
+                let _ = claim.send(Claim::Lost);
+                return lock;
+            }
+            Ok(Err(err)) => tracing::warn!(error = %err, "could not renew the Lease"),
+            Err(_) => tracing::warn!("renewing the Lease timed out"),
+        }
+        if last_renewal.elapsed() >= keeping.lost_after {
+            tracing::error!(
+                lost_after = ?keeping.lost_after,
+                "no renewal of the Lease succeeded in time, and it may have passed to another pod: stopped writing"
+            );
+            let _ = claim.send(Claim::Lost);
+            return lock;
+        }
+        next_in = keeping.retry_every;
     }
 }

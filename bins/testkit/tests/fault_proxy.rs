@@ -126,7 +126,10 @@ async fn a_quiet_proxy_passes_every_verb_through_and_streams_a_watch() -> Result
     }
     assert_eq!(report.total_faults(), 0);
 
-    // Every answer's bytes are counted as they pass.
+    // Every answer's bytes are counted as they pass. Through a proxy of its
+    // own: the watch above still streams through the first one (the delete's
+    // event), whose bytes would land in the count at any moment.
+    let proxy = FaultProxy::in_front_of_control_plane(FaultPlan::none(1)).await?;
     let before = proxy.report().response_bytes;
     let answer = proxy
         .client()?
