@@ -71,11 +71,30 @@ $(BIN)/etcd: hack/tools/etcd/go.mod hack/tools/etcd/go.sum hack/tools/etcd/main.
 	cd hack/tools/etcd && $(GO_BUILD) -o $@ .
 
 HELM_MOD := hack/tools/helm/go.mod hack/tools/helm/go.sum
-$(BIN)/helm: $(HELM_MOD)
-	$(call step,building helm)
-	cd hack/tools/helm && go build -trimpath \
-	  -ldflags="-s -w -X helm.sh/helm/v3/internal/version.version=$$(go list -m -f '{{.Version}}' helm.sh/helm/v3)" \
-	  -o $@ helm.sh/helm/v3/cmd/helm
+# helm as Helm's own release build makes it: the -X flags of the Makefile in
+# the module (`go list -m -f '{{.Dir}}' helm.sh/helm/v3`) for a tagged, clean
+# tree. Its default Kubernetes version (what `helm template` and `helm lint`
+# assume, asking no cluster, and check a chart's kubeVersion against) comes, as
+# there, from the k8s.io/client-go of helm's own go.mod: major + 1, minor
+# (v0.37.0: Kubernetes 1.37). Without these flags helm assumes 1.20.
+HELM_VERSION = $(shell cd hack/tools/helm && go list -m -f '{{.Version}}' helm.sh/helm/v3)
+HELM_CLIENT_GO = $(subst ., ,$(subst v,,$(shell awk '$$1 == "k8s.io/client-go" { print $$2 }' \
+	"$$(cd hack/tools/helm && go list -m -f '{{.GoMod}}' helm.sh/helm/v3)")))
+HELM_K8S_MAJOR = $(shell echo $$(( $(firstword $(HELM_CLIENT_GO)) + 1 )))
+HELM_K8S_MINOR = $(word 2,$(HELM_CLIENT_GO))
+HELM_LDFLAGS = -s -w \
+	-X helm.sh/helm/v3/internal/version.version=$(HELM_VERSION) \
+	-X helm.sh/helm/v3/internal/version.metadata= \
+	-X helm.sh/helm/v3/internal/version.gitCommit=$(HELM_GIT_COMMIT_$(HELM_VERSION)) \
+	-X helm.sh/helm/v3/internal/version.gitTreeState=clean \
+	-X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMajor=$(HELM_K8S_MAJOR) \
+	-X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMinor=$(HELM_K8S_MINOR) \
+	-X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=$(HELM_K8S_MAJOR) \
+	-X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=$(HELM_K8S_MINOR)
+$(BIN)/helm: $(HELM_MOD) hack/tools/versions.mk
+	$(call step,building helm $(HELM_VERSION) as Helm's release build does (Kubernetes $(HELM_K8S_MAJOR).$(HELM_K8S_MINOR) by default))
+	@test -n "$(HELM_K8S_MINOR)" || { echo "no k8s.io/client-go requirement in helm's go.mod" >&2; exit 1; }
+	cd hack/tools/helm && CGO_ENABLED=0 go build -trimpath -ldflags='$(HELM_LDFLAGS)' -o $@ helm.sh/helm/v3/cmd/helm
 
 $(HELM_PLUGINS)/unittest/plugin.yaml: $(HELM_MOD) hack/tools/helm/unittest-plugin.yaml
 	$(call step,building the helm-unittest plugin)
@@ -205,10 +224,10 @@ CHART_LINT_VALUES = $(wildcard $(CHART_TESTS)/values/*.yaml)
 .PHONY: test-chart
 test-chart: tools build ## The chart: helm lint --strict, helm-unittest (chart-tests/), contract and install tests (bins/chart-contract).
 	$(call step,chart: helm lint --strict with the default values)
-	helm lint --strict --kube-version $(K8S_VERSION) $(CHART)
+	helm lint --strict $(CHART)
 	$(call step,chart: helm lint --strict with each value set in $(CHART_TESTS)/values/)
 	for values in $(CHART_LINT_VALUES); do \
-	  echo "-- $$values"; helm lint --strict --kube-version $(K8S_VERSION) -f "$$values" $(CHART); \
+	  echo "-- $$values"; helm lint --strict -f "$$values" $(CHART); \
 	done
 	$(call step,chart: helm-unittest suites in $(CHART_TESTS)/)
 	@# helm unittest passes when its glob matches nothing: make sure it does not.
