@@ -40,11 +40,11 @@ help: ## List the targets.
 K8S_COMMANDS := kube-apiserver kubectl kubelet kube-controller-manager kube-scheduler
 HELM_CONTROLLERS := $(foreach v,$(HELM_CONTROLLER_E2E_VERSIONS),$(BIN)/helm-controller-$(v))
 TOOLS := $(addprefix $(BIN)/,$(K8S_COMMANDS)) $(BIN)/etcd $(BIN)/helm \
-	$(HELM_PLUGINS)/unittest/plugin.yaml $(CRDS)/.done $(CRDS)/.source-controller.done \
+	$(HELM_PLUGINS)/unittest/plugin.yaml $(BIN)/helm-docs $(CRDS)/.done $(CRDS)/.source-controller.done \
 	$(HELM_CONTROLLERS)
 
 .PHONY: tools
-tools: $(TOOLS) ## Build the pinned tools (etcd, kube-apiserver, kubectl, kubelet, kube-controller-manager, kube-scheduler, helm, helm-unittest, helm-controller) and fetch the CRDs into _out/.
+tools: $(TOOLS) ## Build the pinned tools (etcd, kube-apiserver, kubectl, kubelet, kube-controller-manager, kube-scheduler, helm, helm-unittest, helm-docs, helm-controller) and fetch the CRDs into _out/.
 	@echo ">> tools ready in $(BIN)"
 
 K8S_MOD := hack/tools/kubernetes/go.mod hack/tools/kubernetes/go.sum
@@ -101,6 +101,15 @@ $(HELM_PLUGINS)/unittest/plugin.yaml: $(HELM_MOD) hack/tools/helm/unittest-plugi
 	mkdir -p $(HELM_PLUGINS)/unittest
 	cd hack/tools/helm && $(GO_BUILD) -o $(HELM_PLUGINS)/unittest/untt github.com/helm-unittest/helm-unittest/cmd/helm-unittest
 	cp hack/tools/helm/unittest-plugin.yaml $@
+
+# helm-docs, which writes chart/README.md's values table (make chart-docs), as
+# its release build (goreleaser's defaults) makes it: the version without its v.
+HELM_DOCS_MOD := hack/tools/helm-docs/go.mod hack/tools/helm-docs/go.sum
+$(BIN)/helm-docs: $(HELM_DOCS_MOD) hack/tools/helm-docs/tools.go
+	$(call step,building helm-docs)
+	cd hack/tools/helm-docs && CGO_ENABLED=0 go build -trimpath \
+	  -ldflags="-s -w -X main.version=$$(go list -m -f '{{.Version}}' github.com/norwoodj/helm-docs | sed 's/^v//')" \
+	  -o $@ github.com/norwoodj/helm-docs/cmd/helm-docs
 
 # The directory of a downloaded module: $(call module_dir,path@version).
 module_dir = $$(go mod download -json $(1) | sed -n 's/^\t"Dir": "\(.*\)",$$/\1/p')
