@@ -230,8 +230,28 @@ CHART := chart
 CHART_TESTS := chart-tests
 CHART_LINT_VALUES = $(wildcard $(CHART_TESTS)/values/*.yaml)
 
+# helm-docs renders chart/README.md from chart/README.md.gotmpl, its values
+# table from the `# --` comments of values.yaml, in the file's order. It logs a
+# failure and still exits 0, so any line it logs at warn or above fails here.
+HELM_DOCS = $(BIN)/helm-docs --chart-search-root $(CHART) --template-files README.md.gotmpl \
+	--output-file README.md --sort-values-order file --log-level warn
+run_helm_docs = log=$$($(HELM_DOCS) $(1) 2>&1 >$(2)) && test -z "$$log" || { echo "$$log" >&2; exit 1; }
+
+.PHONY: chart-docs
+chart-docs: $(BIN)/helm-docs $(CHART)/README.md.gotmpl ## Write chart/README.md with helm-docs (from chart/README.md.gotmpl and the `# --` comments of values.yaml).
+	$(call step,chart: $(CHART)/README.md from $(CHART)/README.md.gotmpl and $(CHART)/values.yaml (helm-docs))
+	@$(call run_helm_docs,,/dev/null)
+
+.PHONY: chart-docs-check
+chart-docs-check: $(BIN)/helm-docs $(CHART)/README.md.gotmpl ## Fail when chart/README.md is not what `make chart-docs` writes (part of test-chart).
+	$(call step,chart: $(CHART)/README.md is what helm-docs writes (make chart-docs))
+	@generated=$$(mktemp) && trap 'rm -f "$$generated"' EXIT && \
+	  $(call run_helm_docs,--dry-run,"$$generated") && \
+	  diff -u --label '$(CHART)/README.md (committed)' --label 'helm-docs' $(CHART)/README.md "$$generated" \
+	  || { echo "$(CHART)/README.md is not what helm-docs writes: edit $(CHART)/README.md.gotmpl or $(CHART)/values.yaml, then run make chart-docs" >&2; exit 1; }
+
 .PHONY: test-chart
-test-chart: tools build ## The chart: helm lint --strict, helm-unittest (chart-tests/), contract and install tests (bins/chart-contract).
+test-chart: tools build chart-docs-check ## The chart: README.md as helm-docs writes it, helm lint --strict, helm-unittest (chart-tests/), contract and install tests (bins/chart-contract).
 	$(call step,chart: helm lint --strict with the default values)
 	helm lint --strict $(CHART)
 	$(call step,chart: helm lint --strict with each value set in $(CHART_TESTS)/values/)
