@@ -40,11 +40,11 @@ help: ## List the targets.
 K8S_COMMANDS := kube-apiserver kubectl kubelet kube-controller-manager kube-scheduler
 HELM_CONTROLLERS := $(foreach v,$(HELM_CONTROLLER_E2E_VERSIONS),$(BIN)/helm-controller-$(v))
 TOOLS := $(addprefix $(BIN)/,$(K8S_COMMANDS)) $(BIN)/etcd $(BIN)/helm \
-	$(HELM_PLUGINS)/unittest/plugin.yaml $(CRDS)/.done $(CRDS)/.source-controller.done \
+	$(HELM_PLUGINS)/unittest/plugin.yaml $(BIN)/helm-docs $(CRDS)/.done $(CRDS)/.source-controller.done \
 	$(HELM_CONTROLLERS)
 
 .PHONY: tools
-tools: $(TOOLS) ## Build the pinned tools (etcd, kube-apiserver, kubectl, kubelet, kube-controller-manager, kube-scheduler, helm, helm-unittest, helm-controller) and fetch the CRDs into _out/.
+tools: $(TOOLS) ## Build the pinned tools (etcd, kube-apiserver, kubectl, kubelet, kube-controller-manager, kube-scheduler, helm, helm-unittest, helm-docs, helm-controller) and fetch the CRDs into _out/.
 	@echo ">> tools ready in $(BIN)"
 
 K8S_MOD := hack/tools/kubernetes/go.mod hack/tools/kubernetes/go.sum
@@ -71,17 +71,45 @@ $(BIN)/etcd: hack/tools/etcd/go.mod hack/tools/etcd/go.sum hack/tools/etcd/main.
 	cd hack/tools/etcd && $(GO_BUILD) -o $@ .
 
 HELM_MOD := hack/tools/helm/go.mod hack/tools/helm/go.sum
-$(BIN)/helm: $(HELM_MOD)
-	$(call step,building helm)
-	cd hack/tools/helm && go build -trimpath \
-	  -ldflags="-s -w -X helm.sh/helm/v3/internal/version.version=$$(go list -m -f '{{.Version}}' helm.sh/helm/v3)" \
-	  -o $@ helm.sh/helm/v3/cmd/helm
+# helm as Helm's own release build makes it: the -X flags of the Makefile in
+# the module (`go list -m -f '{{.Dir}}' helm.sh/helm/v3`) for a tagged, clean
+# tree. Its default Kubernetes version (what `helm template` and `helm lint`
+# assume, asking no cluster, and check a chart's kubeVersion against) comes, as
+# there, from the k8s.io/client-go of helm's own go.mod: major + 1, minor
+# (v0.37.0: Kubernetes 1.37). Without these flags helm assumes 1.20.
+HELM_VERSION = $(shell cd hack/tools/helm && go list -m -f '{{.Version}}' helm.sh/helm/v3)
+HELM_CLIENT_GO = $(subst ., ,$(subst v,,$(shell awk '$$1 == "k8s.io/client-go" { print $$2 }' \
+	"$$(cd hack/tools/helm && go list -m -f '{{.GoMod}}' helm.sh/helm/v3)")))
+HELM_K8S_MAJOR = $(shell echo $$(( $(firstword $(HELM_CLIENT_GO)) + 1 )))
+HELM_K8S_MINOR = $(word 2,$(HELM_CLIENT_GO))
+HELM_LDFLAGS = -s -w \
+	-X helm.sh/helm/v3/internal/version.version=$(HELM_VERSION) \
+	-X helm.sh/helm/v3/internal/version.metadata= \
+	-X helm.sh/helm/v3/internal/version.gitCommit=$(HELM_GIT_COMMIT_$(HELM_VERSION)) \
+	-X helm.sh/helm/v3/internal/version.gitTreeState=clean \
+	-X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMajor=$(HELM_K8S_MAJOR) \
+	-X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMinor=$(HELM_K8S_MINOR) \
+	-X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=$(HELM_K8S_MAJOR) \
+	-X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=$(HELM_K8S_MINOR)
+$(BIN)/helm: $(HELM_MOD) hack/tools/versions.mk
+	$(call step,building helm $(HELM_VERSION) as Helm's release build does (Kubernetes $(HELM_K8S_MAJOR).$(HELM_K8S_MINOR) by default))
+	@test -n "$(HELM_K8S_MINOR)" || { echo "no k8s.io/client-go requirement in helm's go.mod" >&2; exit 1; }
+	cd hack/tools/helm && CGO_ENABLED=0 go build -trimpath -ldflags='$(HELM_LDFLAGS)' -o $@ helm.sh/helm/v3/cmd/helm
 
 $(HELM_PLUGINS)/unittest/plugin.yaml: $(HELM_MOD) hack/tools/helm/unittest-plugin.yaml
 	$(call step,building the helm-unittest plugin)
 	mkdir -p $(HELM_PLUGINS)/unittest
 	cd hack/tools/helm && $(GO_BUILD) -o $(HELM_PLUGINS)/unittest/untt github.com/helm-unittest/helm-unittest/cmd/helm-unittest
 	cp hack/tools/helm/unittest-plugin.yaml $@
+
+# helm-docs, which writes chart/README.md's values table (make chart-docs), as
+# its release build (goreleaser's defaults) makes it: the version without its v.
+HELM_DOCS_MOD := hack/tools/helm-docs/go.mod hack/tools/helm-docs/go.sum
+$(BIN)/helm-docs: $(HELM_DOCS_MOD) hack/tools/helm-docs/tools.go
+	$(call step,building helm-docs)
+	cd hack/tools/helm-docs && CGO_ENABLED=0 go build -trimpath \
+	  -ldflags="-s -w -X main.version=$$(go list -m -f '{{.Version}}' github.com/norwoodj/helm-docs | sed 's/^v//')" \
+	  -o $@ github.com/norwoodj/helm-docs/cmd/helm-docs
 
 # The directory of a downloaded module: $(call module_dir,path@version).
 module_dir = $$(go mod download -json $(1) | sed -n 's/^\t"Dir": "\(.*\)",$$/\1/p')
@@ -202,13 +230,33 @@ CHART := chart
 CHART_TESTS := chart-tests
 CHART_LINT_VALUES = $(wildcard $(CHART_TESTS)/values/*.yaml)
 
+# helm-docs renders chart/README.md from chart/README.md.gotmpl, its values
+# table from the `# --` comments of values.yaml, in the file's order. It logs a
+# failure and still exits 0, so any line it logs at warn or above fails here.
+HELM_DOCS = $(BIN)/helm-docs --chart-search-root $(CHART) --template-files README.md.gotmpl \
+	--output-file README.md --sort-values-order file --log-level warn
+run_helm_docs = log=$$($(HELM_DOCS) $(1) 2>&1 >$(2)) && test -z "$$log" || { echo "$$log" >&2; exit 1; }
+
+.PHONY: chart-docs
+chart-docs: $(BIN)/helm-docs $(CHART)/README.md.gotmpl ## Write chart/README.md with helm-docs (from chart/README.md.gotmpl and the `# --` comments of values.yaml).
+	$(call step,chart: $(CHART)/README.md from $(CHART)/README.md.gotmpl and $(CHART)/values.yaml (helm-docs))
+	@$(call run_helm_docs,,/dev/null)
+
+.PHONY: chart-docs-check
+chart-docs-check: $(BIN)/helm-docs $(CHART)/README.md.gotmpl ## Fail when chart/README.md is not what `make chart-docs` writes (part of test-chart).
+	$(call step,chart: $(CHART)/README.md is what helm-docs writes (make chart-docs))
+	@generated=$$(mktemp) && trap 'rm -f "$$generated"' EXIT && \
+	  $(call run_helm_docs,--dry-run,"$$generated") && \
+	  diff -u --label '$(CHART)/README.md (committed)' --label 'helm-docs' $(CHART)/README.md "$$generated" \
+	  || { echo "$(CHART)/README.md is not what helm-docs writes: edit $(CHART)/README.md.gotmpl or $(CHART)/values.yaml, then run make chart-docs" >&2; exit 1; }
+
 .PHONY: test-chart
-test-chart: tools build ## The chart: helm lint --strict, helm-unittest (chart-tests/), contract and install tests (bins/chart-contract).
+test-chart: tools build chart-docs-check ## The chart: README.md as helm-docs writes it, helm lint --strict, helm-unittest (chart-tests/), contract and install tests (bins/chart-contract).
 	$(call step,chart: helm lint --strict with the default values)
-	helm lint --strict --kube-version $(K8S_VERSION) $(CHART)
+	helm lint --strict $(CHART)
 	$(call step,chart: helm lint --strict with each value set in $(CHART_TESTS)/values/)
 	for values in $(CHART_LINT_VALUES); do \
-	  echo "-- $$values"; helm lint --strict --kube-version $(K8S_VERSION) -f "$$values" $(CHART); \
+	  echo "-- $$values"; helm lint --strict -f "$$values" $(CHART); \
 	done
 	$(call step,chart: helm-unittest suites in $(CHART_TESTS)/)
 	@# helm unittest passes when its glob matches nothing: make sure it does not.

@@ -1,4 +1,10 @@
 # Versions of the tools that are not built from a go.mod of their own.
+# The commit Helm's tag of each pinned helm.sh/helm/v3 version points at, which
+# its release build stamps into `helm version` (GitCommit). A module zip carries
+# no VCS data and the module proxy's .info for it names no origin, so it is
+# written here: 144ca65 is what the official v3.22.0 binary prints. A version
+# without an entry builds with an empty GitCommit rather than a wrong one.
+HELM_GIT_COMMIT_v3.22.0 := 144ca65f8501953fa8b41cd1d37c7223051c85b7
 # Flux's helm-controller: its CRDs, and (for e2e) its binary, built from a copy
 # of the downloaded module because its go.mod replaces ./api.
 HELM_CONTROLLER_VERSION := v1.6.4

@@ -17,9 +17,9 @@ use serde::Deserialize;
 use serde_json::Value;
 
 /// The lowest Kubernetes version the chart accepts (Chart.yaml's
-/// `kubeVersion`): native sidecars are on by default from 1.29. helm's own
-/// default (built without its version ldflags) is older, so every render
-/// names a version.
+/// `kubeVersion`): native sidecars are on by default from 1.29. Every render
+/// names it, so that the contract is checked for the oldest cluster the chart
+/// installs on rather than for helm's default (the newest).
 pub const MIN_KUBE_VERSION: &str = "1.29.0";
 
 /// The chart directory.

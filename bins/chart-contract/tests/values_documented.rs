@@ -1,69 +1,54 @@
-//! Every value of the chart is documented three times, and the three agree:
-//! a `# --` comment in values.yaml, a property of values.schema.json, and a
-//! row of the values table in chart/README.md.
+//! Every value of the chart is documented by a `# --` comment in values.yaml
+//! and typed by a property of values.schema.json, and the two agree. The values
+//! are read by helm-docs, the tool that writes chart/README.md's values table
+//! from those comments (`make chart-docs`; `make chart-docs-check` fails when
+//! the committed README is not what it writes).
 
 use std::collections::BTreeSet;
+use std::path::Path;
 
 use anyhow::{Context, Result, bail};
 use chart_contract::chart_dir;
+use serde::Deserialize;
 use serde_json::Value;
 
-/// The documented values of values.yaml, by dotted path: a key whose comment
-/// block starts with `# --` documents itself and everything below it; a key
-/// with nothing after its colon is a group whose children must each be
-/// documented; anything else is an error.
-fn documented_values(text: &str) -> Result<Vec<String>> {
-    let lines: Vec<&str> = text.lines().collect();
-    let mut stack: Vec<(usize, String)> = Vec::new();
-    let mut documented: Vec<String> = Vec::new();
-    for (i, line) in lines.iter().enumerate() {
-        let trimmed = line.trim_start();
-        if trimmed.is_empty() || trimmed.starts_with('#') || trimmed.starts_with("- ") {
-            continue;
-        }
-        let indent = line.len() - trimmed.len();
-        let Some((key, rest)) = trimmed.split_once(':') else {
-            continue;
-        };
-        if key.contains(' ') {
-            continue;
-        }
-        while stack.last().is_some_and(|(level, _)| *level >= indent) {
-            stack.pop();
-        }
-        let path = match stack.last() {
-            Some((_, parent)) => format!("{parent}.{key}"),
-            None => key.to_owned(),
-        };
-        stack.push((indent, path.clone()));
-        if documented
-            .iter()
-            .any(|d| path.starts_with(&format!("{d}.")))
-        {
-            continue;
-        }
-        let comment_block: Vec<&str> = lines[..i]
-            .iter()
-            .rev()
-            .take_while(|l| l.trim_start().starts_with('#'))
-            .copied()
-            .collect();
-        match comment_block.last() {
-            Some(first) if first.trim_start().starts_with("# -- ") => documented.push(path),
-            _ if rest.trim().is_empty() => {}
-            _ => bail!("values.yaml line {}: {path} has no `# --` comment", i + 1),
-        }
-    }
-    Ok(documented)
+/// One row of helm-docs' values table.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "PascalCase")]
+struct Row {
+    key: String,
+    /// From a `# key -- text` comment, which this chart does not use.
+    description: String,
+    /// From the `# --` comment above the key.
+    auto_description: String,
 }
 
-/// The keys of the values table of chart/README.md: the first cell of each
-/// row, in backquotes.
-fn readme_rows(text: &str) -> BTreeSet<String> {
-    text.lines()
-        .filter_map(|l| l.strip_prefix("| `"))
-        .filter_map(|l| l.split_once("` |").map(|(key, _)| key.to_owned()))
-        .collect()
+impl Row {
+    fn documented(&self) -> bool {
+        !self.description.is_empty() || !self.auto_description.is_empty()
+    }
+}
+
+/// The rows helm-docs makes of the chart in `chart`: one for each value with a
+/// `# --` comment (a documented map or list is one row, whatever it holds),
+/// and one without a description for each leaf no comment covers.
+fn helm_docs_rows(chart: &Path) -> Result<Vec<Row>> {
+    let template = tempfile::Builder::new().suffix(".gotmpl").tempfile()?;
+    std::fs::write(template.path(), "{{ toJson .Values }}\n")?;
+    let output = std::process::Command::new(testkit::control_plane::tool("helm-docs")?)
+        .arg("--chart-search-root")
+        .arg(chart)
+        .arg("--template-files")
+        .arg(template.path())
+        .args(["--dry-run", "--log-level", "warn"])
+        .output()
+        .context("running helm-docs")?;
+    // helm-docs logs a failure (and exits 0) rather than failing.
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    if !output.status.success() || !stderr.trim().is_empty() {
+        bail!("helm-docs failed ({}): {stderr}", output.status);
+    }
+    serde_json::from_slice(&output.stdout).context("helm-docs' rows")
 }
 
 fn resolve<'a>(schema: &'a Value, node: &'a Value) -> &'a Value {
@@ -99,19 +84,23 @@ fn schema_paths(
 }
 
 #[test]
-fn every_value_has_a_doc_comment_a_schema_property_and_a_readme_row() -> Result<()> {
-    let values = std::fs::read_to_string(chart_dir().join("values.yaml"))?;
-    let documented: BTreeSet<String> = documented_values(&values)?.into_iter().collect();
+fn every_value_has_a_doc_comment_and_a_schema_property() -> Result<()> {
+    let rows = helm_docs_rows(&chart_dir())?;
+    let undocumented: Vec<&str> = rows
+        .iter()
+        .filter(|row| !row.documented())
+        .map(|row| row.key.as_str())
+        .collect();
     assert!(
-        documented.contains("shutdownGracePeriodSeconds") && documented.contains("image.digest"),
-        "the parser found too little: {documented:?}"
+        undocumented.is_empty(),
+        "values.yaml has values without a `# --` comment: {undocumented:?}"
     );
-
-    let readme = std::fs::read_to_string(chart_dir().join("README.md"))?;
-    assert_eq!(
-        readme_rows(&readme),
-        documented,
-        "chart/README.md's values table and values.yaml's `# --` comments disagree"
+    let documented: BTreeSet<String> = rows.into_iter().map(|row| row.key).collect();
+    assert!(
+        documented.contains("shutdownGracePeriodSeconds")
+            && documented.contains("image.digest")
+            && documented.contains("controller.resources"),
+        "helm-docs found too little: {documented:?}"
     );
 
     let schema: Value = serde_json::from_str(&std::fs::read_to_string(
@@ -168,17 +157,34 @@ fn every_object_level_of_the_schema_refuses_unknown_keys() -> Result<()> {
     Ok(())
 }
 
+/// What the check above relies on helm-docs for: a value no `# --` comment
+/// covers is a row without a description, not a missing row, and a documented
+/// map is one row.
 #[test]
-fn the_values_parser_refuses_an_undocumented_value() {
-    let err = documented_values("# -- documented\na: 1\nb:\n  c: 2\n").unwrap_err();
-    assert!(
-        err.to_string().contains("b.c has no `# --` comment"),
-        "{err}"
-    );
+fn helm_docs_lists_an_undocumented_value_without_a_description() -> Result<()> {
+    let chart = tempfile::tempdir()?;
+    std::fs::write(
+        chart.path().join("Chart.yaml"),
+        "apiVersion: v2\nname: probe\nversion: 0.1.0\n",
+    )?;
+    std::fs::write(
+        chart.path().join("values.yaml"),
+        "# -- documented\na: 1\n# -- a map documented whole\nb:\n  c: 2\nd:\n  # plain\n  e: 3\n",
+    )?;
+    let rows: Vec<(String, bool)> = helm_docs_rows(chart.path())?
+        .into_iter()
+        .map(|row| {
+            let documented = row.documented();
+            (row.key, documented)
+        })
+        .collect();
     assert_eq!(
-        documented_values("# -- a group documented whole\nb:\n  c: 2\n# plain\n# -- no\nd: 1\n")
-            .unwrap_err()
-            .to_string(),
-        "values.yaml line 6: d has no `# --` comment"
+        rows,
+        [
+            ("a".to_owned(), true),
+            ("b".to_owned(), true),
+            ("d.e".to_owned(), false)
+        ]
     );
+    Ok(())
 }
