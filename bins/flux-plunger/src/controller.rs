@@ -12,13 +12,9 @@ use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
-use serde_json::{Map, Value};
 
 use plunger::decide::is_of_interest;
 use plunger::error::Error;
-use plunger::names::{
-    FENCE_FINALIZER, FIELD_MANAGER, PROCESSED_VERSION_ANNOTATION, READY_CONDITION,
-};
 use plunger::reconcile::{Outcome, Reconciler};
 use plunger::release::{ReleaseView, helmrelease_resource};
 use plunger::scope::Scope;
@@ -70,54 +66,6 @@ pub fn backoff(failures: u32) -> Duration {
     FIRST
         .checked_mul(2u32.saturating_pow(failures.saturating_sub(1)))
         .map_or(MAX, |d| d.min(MAX))
-}
-
-/// Keeps only what the watch filter and the metrics read: the cache then
-/// costs a few hundred bytes a release instead of its whole spec, status and
-/// managedFields. Every decision that leads to a write reads the release
-/// afresh from the apiserver, so nothing is lost.
-///
-/// What the filter reads is kept only where it says yes: the `Ready`
-/// condition only of a stuck release, `spec.suspend` only when true, of the
-/// finalizers only our fence. A healthy release then holds no JSON map at
-/// all (each costs a B-tree node of some 600 bytes), which is most of the
-/// cache with thousands of releases.
-pub fn trim(object: &mut DynamicObject) {
-    object.types = None;
-    let meta = &mut object.metadata;
-    meta.labels = None;
-    meta.owner_references = None;
-    if let Some(annotations) = meta.annotations.as_mut() {
-        annotations.retain(|k, _| k == PROCESSED_VERSION_ANNOTATION);
-    }
-    if let Some(entries) = meta.managed_fields.as_mut() {
-        entries.retain(|e| e.manager.as_deref() == Some(FIELD_MANAGER));
-    }
-    if let Some(finalizers) = meta.finalizers.as_mut() {
-        finalizers.retain(|f| f == FENCE_FINALIZER);
-    }
-    let stuck = ReleaseView::from_object(object).is_stuck();
-    let mut data = Map::new();
-    if object.data.pointer("/spec/suspend") == Some(&Value::Bool(true)) {
-        data.insert("spec".into(), serde_json::json!({ "suspend": true }));
-    }
-    let ready = object
-        .data
-        .pointer("/status/conditions")
-        .and_then(Value::as_array)
-        .and_then(|conditions| {
-            conditions
-                .iter()
-                .find(|c| c.get("type").and_then(Value::as_str) == Some(READY_CONDITION))
-        });
-    if let Some(ready) = ready.filter(|_| stuck) {
-        let keep: Map<String, Value> = ["type", "status", "message"]
-            .iter()
-            .filter_map(|k| ready.get(*k).map(|v| ((*k).to_owned(), v.clone())))
-            .collect();
-        data.insert("status".into(), serde_json::json!({ "conditions": [keep] }));
-    }
-    object.data = Value::Object(data);
 }
 
 /// What the cache (and through it the queue) gets of a watch event: only the
@@ -299,6 +247,7 @@ pub async fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use plunger::names::FENCE_FINALIZER;
     use serde_json::json;
 
     #[test]
@@ -309,60 +258,6 @@ mod tests {
         assert_eq!(backoff(9), Duration::from_secs(256));
         assert_eq!(backoff(10), Duration::from_secs(300));
         assert_eq!(backoff(u32::MAX), Duration::from_secs(300));
-    }
-
-    #[test]
-    fn the_trimmed_cache_keeps_exactly_what_the_watch_filter_reads() {
-        let full: DynamicObject = serde_json::from_value(json!({
-            "apiVersion": "helm.toolkit.fluxcd.io/v2", "kind": "HelmRelease",
-            "metadata": {
-                "name": "web", "namespace": "apps", "uid": "u", "resourceVersion": "3",
-                "labels": {"a": "b"},
-                "annotations": {PROCESSED_VERSION_ANNOTATION: "4", "other": "x"},
-                "finalizers": ["finalizers.fluxcd.io", "flux-plunger.cozystack.io/uninstall-fence"],
-                "managedFields": [
-                    {"manager": "flux-plunger", "operation": "Apply", "fieldsType": "FieldsV1", "fieldsV1": {"f:spec": {"f:suspend": {}}}},
-                    {"manager": "helm-controller", "operation": "Update", "fieldsType": "FieldsV1", "fieldsV1": {"f:status": {}}},
-                ],
-            },
-            "spec": {"suspend": true, "interval": "5m", "values": {"big": "x".repeat(1000)}},
-            "status": {"conditions": [
-                {"type": "Released", "status": "False", "message": "m", "reason": "r", "lastTransitionTime": "2026-01-01T00:00:00Z"},
-                {"type": "Ready", "status": "False", "message": "x has no deployed releases", "reason": "r", "lastTransitionTime": "2026-01-01T00:00:00Z"},
-            ], "history": [{"name": "web"}]},
-        }))
-        .unwrap();
-        let before = ReleaseView::from_object(&full);
-        let mut trimmed = full.clone();
-        trim(&mut trimmed);
-        let after = ReleaseView::from_object(&trimmed);
-
-        assert_eq!(is_of_interest(&before), is_of_interest(&after));
-        assert_eq!(before.is_stuck(), after.is_stuck());
-        assert_eq!(before.suspended_by_us(), after.suspended_by_us());
-        assert_eq!(before.has_fence(), after.has_fence());
-        assert_eq!(
-            before.carries_processed_annotation(),
-            after.carries_processed_annotation()
-        );
-        assert_eq!(
-            trimmed.data,
-            json!({"spec": {"suspend": true}, "status": {"conditions": [
-                {"type": "Ready", "status": "False", "message": "x has no deployed releases"}]}})
-        );
-        assert_eq!(trimmed.metadata.labels, None);
-        assert_eq!(
-            trimmed.metadata.managed_fields.as_ref().map(Vec::len),
-            Some(1)
-        );
-        assert!(
-            serde_json::to_vec(&trimmed).unwrap().len() * 3
-                < serde_json::to_vec(&full).unwrap().len()
-        );
-        assert_eq!(
-            trimmed.metadata.finalizers,
-            Some(vec!["flux-plunger.cozystack.io/uninstall-fence".to_owned()])
-        );
     }
 
     fn watched(value: serde_json::Value) -> Trimmed {
@@ -397,26 +292,5 @@ mod tests {
             cached(watcher::Event::InitDone),
             Some(watcher::Event::InitDone)
         ));
-    }
-
-    #[test]
-    fn a_healthy_release_keeps_no_json_at_all() {
-        let mut healthy: DynamicObject = serde_json::from_value(json!({
-            "apiVersion": "helm.toolkit.fluxcd.io/v2", "kind": "HelmRelease",
-            "metadata": {"name": "web", "namespace": "apps", "finalizers": ["finalizers.fluxcd.io"]},
-            "spec": {"suspend": false, "interval": "5m"},
-            "status": {"conditions": [
-                {"type": "Ready", "status": "True", "message": "Helm upgrade succeeded", "reason": "r", "lastTransitionTime": "2026-01-01T00:00:00Z"},
-            ]},
-        }))
-        .unwrap();
-        let before = ReleaseView::from_object(&healthy);
-        trim(&mut healthy);
-        let after = ReleaseView::from_object(&healthy);
-        assert_eq!(healthy.data, json!({}));
-        assert_eq!(healthy.metadata.finalizers, Some(vec![]));
-        assert_eq!(is_of_interest(&before), is_of_interest(&after));
-        assert_eq!(before.suspend, after.suspend);
-        assert_eq!(before.has_fence(), after.has_fence());
     }
 }

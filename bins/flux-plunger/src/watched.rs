@@ -1,5 +1,5 @@
 //! What the HelmRelease watch decodes: only what the trimmed cache keeps
-//! ([`crate::controller::trim`]), read straight from the apiserver's JSON.
+//! (`trim` below), read straight from the apiserver's JSON.
 //!
 //! Decoding a whole HelmRelease into a `DynamicObject` builds a JSON tree of
 //! its spec (values), status (history) and every managedFields entry (a
@@ -20,9 +20,10 @@ use serde::Deserialize;
 use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Value};
 
-use plunger::names::{FIELD_MANAGER, PROCESSED_VERSION_ANNOTATION};
-
-use crate::controller::trim;
+use plunger::names::{
+    FENCE_FINALIZER, FIELD_MANAGER, PROCESSED_VERSION_ANNOTATION, READY_CONDITION,
+};
+use plunger::release::ReleaseView;
 
 /// A HelmRelease as the watch decodes it; [`WatchedRelease::into_object`]
 /// gives the trimmed `DynamicObject` the cache holds.
@@ -275,6 +276,54 @@ impl<'de> Deserialize<'de> for Entry {
     }
 }
 
+/// Keeps only what the watch filter and the metrics read: the cache then
+/// costs a few hundred bytes a release instead of its whole spec, status and
+/// managedFields. Every decision that leads to a write reads the release
+/// afresh from the apiserver, so nothing is lost.
+///
+/// What the filter reads is kept only where it says yes: the `Ready`
+/// condition only of a stuck release, `spec.suspend` only when true, of the
+/// finalizers only our fence. A healthy release then holds no JSON map at
+/// all (each costs a B-tree node of some 600 bytes), which is most of the
+/// cache with thousands of releases.
+fn trim(object: &mut DynamicObject) {
+    object.types = None;
+    let meta = &mut object.metadata;
+    meta.labels = None;
+    meta.owner_references = None;
+    if let Some(annotations) = meta.annotations.as_mut() {
+        annotations.retain(|k, _| k == PROCESSED_VERSION_ANNOTATION);
+    }
+    if let Some(entries) = meta.managed_fields.as_mut() {
+        entries.retain(|e| e.manager.as_deref() == Some(FIELD_MANAGER));
+    }
+    if let Some(finalizers) = meta.finalizers.as_mut() {
+        finalizers.retain(|f| f == FENCE_FINALIZER);
+    }
+    let stuck = ReleaseView::from_object(object).is_stuck();
+    let mut data = Map::new();
+    if object.data.pointer("/spec/suspend") == Some(&Value::Bool(true)) {
+        data.insert("spec".into(), serde_json::json!({ "suspend": true }));
+    }
+    let ready = object
+        .data
+        .pointer("/status/conditions")
+        .and_then(Value::as_array)
+        .and_then(|conditions| {
+            conditions
+                .iter()
+                .find(|c| c.get("type").and_then(Value::as_str) == Some(READY_CONDITION))
+        });
+    if let Some(ready) = ready.filter(|_| stuck) {
+        let keep: Map<String, Value> = ["type", "status", "message"]
+            .iter()
+            .filter_map(|k| ready.get(*k).map(|v| ((*k).to_owned(), v.clone())))
+            .collect();
+        data.insert("status".into(), serde_json::json!({ "conditions": [keep] }));
+    }
+    object.data = Value::Object(data);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -306,7 +355,7 @@ mod tests {
         })
     }
 
-    fn trimmed_the_old_way(value: Value) -> DynamicObject {
+    fn trimmed_from_the_whole_object(value: Value) -> DynamicObject {
         let mut object: DynamicObject = serde_json::from_value(value).unwrap();
         trim(&mut object);
         object
@@ -315,7 +364,7 @@ mod tests {
     #[test]
     fn decoding_only_what_is_kept_gives_what_trimming_the_whole_object_gives() {
         let Trimmed(decoded) = serde_json::from_value(full()).unwrap();
-        let trimmed = trimmed_the_old_way(full());
+        let trimmed = trimmed_from_the_whole_object(full());
         assert_eq!(decoded.data, trimmed.data);
         assert_eq!(
             decoded.metadata.managed_fields,
@@ -352,7 +401,7 @@ mod tests {
             value["status"] = status;
             value["metadata"]["managedFields"] = json!(null);
             let Trimmed(decoded) = serde_json::from_value(value.clone()).unwrap();
-            let trimmed = trimmed_the_old_way(value);
+            let trimmed = trimmed_from_the_whole_object(value);
             let (new, old) = (
                 ReleaseView::from_object(&decoded),
                 ReleaseView::from_object(&trimmed),
@@ -361,5 +410,80 @@ mod tests {
             assert_eq!(new.is_stuck(), old.is_stuck());
             assert_eq!(is_of_interest(&new), is_of_interest(&old));
         }
+    }
+
+    #[test]
+    fn the_trimmed_cache_keeps_exactly_what_the_watch_filter_reads() {
+        let full: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "helm.toolkit.fluxcd.io/v2", "kind": "HelmRelease",
+            "metadata": {
+                "name": "web", "namespace": "apps", "uid": "u", "resourceVersion": "3",
+                "labels": {"a": "b"},
+                "annotations": {PROCESSED_VERSION_ANNOTATION: "4", "other": "x"},
+                "finalizers": ["finalizers.fluxcd.io", "flux-plunger.cozystack.io/uninstall-fence"],
+                "managedFields": [
+                    {"manager": "flux-plunger", "operation": "Apply", "fieldsType": "FieldsV1", "fieldsV1": {"f:spec": {"f:suspend": {}}}},
+                    {"manager": "helm-controller", "operation": "Update", "fieldsType": "FieldsV1", "fieldsV1": {"f:status": {}}},
+                ],
+            },
+            "spec": {"suspend": true, "interval": "5m", "values": {"big": "x".repeat(1000)}},
+            "status": {"conditions": [
+                {"type": "Released", "status": "False", "message": "m", "reason": "r", "lastTransitionTime": "2026-01-01T00:00:00Z"},
+                {"type": "Ready", "status": "False", "message": "x has no deployed releases", "reason": "r", "lastTransitionTime": "2026-01-01T00:00:00Z"},
+            ], "history": [{"name": "web"}]},
+        }))
+        .unwrap();
+        let before = ReleaseView::from_object(&full);
+        let mut trimmed = full.clone();
+        trim(&mut trimmed);
+        let after = ReleaseView::from_object(&trimmed);
+
+        assert_eq!(is_of_interest(&before), is_of_interest(&after));
+        assert_eq!(before.is_stuck(), after.is_stuck());
+        assert_eq!(before.suspended_by_us(), after.suspended_by_us());
+        assert_eq!(before.has_fence(), after.has_fence());
+        assert_eq!(
+            before.carries_processed_annotation(),
+            after.carries_processed_annotation()
+        );
+        assert_eq!(
+            trimmed.data,
+            json!({"spec": {"suspend": true}, "status": {"conditions": [
+                {"type": "Ready", "status": "False", "message": "x has no deployed releases"}]}})
+        );
+        assert_eq!(trimmed.metadata.labels, None);
+        assert_eq!(
+            trimmed.metadata.managed_fields.as_ref().map(Vec::len),
+            Some(1)
+        );
+        assert!(
+            serde_json::to_vec(&trimmed).unwrap().len() * 3
+                < serde_json::to_vec(&full).unwrap().len()
+        );
+        assert_eq!(
+            trimmed.metadata.finalizers,
+            Some(vec!["flux-plunger.cozystack.io/uninstall-fence".to_owned()])
+        );
+    }
+
+    #[test]
+    fn a_healthy_release_keeps_no_json_at_all() {
+        let mut healthy: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "helm.toolkit.fluxcd.io/v2", "kind": "HelmRelease",
+            "metadata": {"name": "web", "namespace": "apps", "finalizers": ["finalizers.fluxcd.io"]},
+            "spec": {"suspend": false, "interval": "5m"},
+            "status": {"conditions": [
+                {"type": "Ready", "status": "True", "message": "Helm upgrade succeeded", "reason": "r", "lastTransitionTime": "2026-01-01T00:00:00Z"},
+            ]},
+        }))
+        .unwrap();
+        let before = ReleaseView::from_object(&healthy);
+        trim(&mut healthy);
+        let after = ReleaseView::from_object(&healthy);
+        assert_eq!(healthy.data, json!({}));
+        assert_eq!(healthy.metadata.finalizers, Some(vec![]));
+        assert_eq!(is_of_interest(&before), is_of_interest(&after));
+        assert_eq!(before.suspend, after.suspend);
+        assert_eq!(before.has_fence(), after.has_fence());
     }
 }

@@ -23,6 +23,9 @@ use crate::names::{PATCH_FIELD_MANAGER, reasons};
 use crate::release::{ReleaseView, helmreleases};
 use crate::remote::RemoteError;
 use crate::storage::{self, StorageLocation, StorageRevision};
+pub use crate::test_hooks::Step;
+#[cfg(feature = "test-hooks")]
+pub use crate::test_hooks::TestHooks;
 use crate::timings::Timings;
 
 /// How one reconcile ended.
@@ -92,115 +95,6 @@ pub struct Controls {
     pub dry_run: bool,
     /// At most this many recoveries start per minute.
     pub rate_limit: Option<crate::ratelimit::RateLimiter>,
-}
-
-/// Points inside a recovery where a test can act (a delete, a foreign
-/// write, a crash): one right before and one right after every write of
-/// SPEC §4 and §5, and one between the storage listing and the acquire
-/// (where helm-controller's own progress can overtake a pass).
-/// `test_hooks` pauses a test build of a binary at them by name.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Step {
-    /// The storage was listed and the revision to reclaim chosen; the
-    /// acquire comes next.
-    Planned,
-    /// The unforced acquire, locked on the read that planned the recovery,
-    /// comes next.
-    BeforeAcquire,
-    /// The unforced acquire conflicted and the release was read again; the
-    /// forced acquire comes next.
-    BeforeForcedAcquire,
-    /// The suspension and fence are held (right after the acquire, forced or
-    /// not); the annotation comes next.
-    Acquired,
-    /// The annotation is written, and its answer showed the release live;
-    /// the storage Secret's delete comes next.
-    Annotated,
-    /// A storage Secret's delete comes next: in a recovery, once the
-    /// annotation's answer showed the release live; on a release being deleted, an
-    /// `uninstalled` newest revision above live ones.
-    BeforeDeleteStorage,
-    /// The storage Secret is deleted (or was already gone).
-    AfterDeleteStorage,
-    /// A lift of our suspension or fence is about to be sent.
-    BeforeLift,
-    /// A lift was accepted.
-    AfterLift,
-    /// The drop of our fence (no suspension of ours left) is about to be sent.
-    BeforeDropFence,
-    /// The drop of our fence was accepted.
-    AfterDropFence,
-    /// The history of a release being deleted is about to be written.
-    BeforeHistoryWrite,
-    /// The history was written; the lift or the reconcile request comes next.
-    AfterHistoryWrite,
-    /// The reconcile request is about to be written.
-    BeforeReconcileRequest,
-    /// The reconcile request was written.
-    AfterReconcileRequest,
-    /// A guarded patch is about to be sent: it removes a copy of the fence
-    /// another manager also lists, or lets go where an apply was refused.
-    BeforeGuardedPatch,
-    /// A guarded patch was accepted.
-    AfterGuardedPatch,
-}
-
-impl Step {
-    /// Every step, in the order a recovery (then a delete) meets them.
-    pub const ALL: [Step; 17] = [
-        Step::Planned,
-        Step::BeforeAcquire,
-        Step::BeforeForcedAcquire,
-        Step::Acquired,
-        Step::Annotated,
-        Step::BeforeDeleteStorage,
-        Step::AfterDeleteStorage,
-        Step::BeforeLift,
-        Step::AfterLift,
-        Step::BeforeDropFence,
-        Step::AfterDropFence,
-        Step::BeforeHistoryWrite,
-        Step::AfterHistoryWrite,
-        Step::BeforeReconcileRequest,
-        Step::AfterReconcileRequest,
-        Step::BeforeGuardedPatch,
-        Step::AfterGuardedPatch,
-    ];
-
-    /// The name `FLUX_PLUNGER_TEST_PAUSE_AT` knows it by.
-    pub fn name(self) -> &'static str {
-        match self {
-            Step::Planned => "planned",
-            Step::BeforeAcquire => "before-acquire",
-            Step::BeforeForcedAcquire => "before-forced-acquire",
-            Step::Acquired => "acquired",
-            Step::Annotated => "annotated",
-            Step::BeforeDeleteStorage => "before-delete-storage",
-            Step::AfterDeleteStorage => "after-delete-storage",
-            Step::BeforeLift => "before-lift",
-            Step::AfterLift => "after-lift",
-            Step::BeforeDropFence => "before-drop-fence",
-            Step::AfterDropFence => "after-drop-fence",
-            Step::BeforeHistoryWrite => "before-history-write",
-            Step::AfterHistoryWrite => "after-history-write",
-            Step::BeforeReconcileRequest => "before-reconcile-request",
-            Step::AfterReconcileRequest => "after-reconcile-request",
-            Step::BeforeGuardedPatch => "before-guarded-patch",
-            Step::AfterGuardedPatch => "after-guarded-patch",
-        }
-    }
-}
-
-/// Test-only switches: a pause at each [`Step`], and the fence turned off so
-/// that a test can show the orphaning the fence prevents.
-#[cfg(feature = "test-hooks")]
-#[derive(Default, Clone)]
-pub struct TestHooks {
-    pub unfenced: bool,
-    #[allow(clippy::type_complexity)]
-    pub pause: Option<
-        std::sync::Arc<dyn Fn(Step) -> futures::future::BoxFuture<'static, ()> + Send + Sync>,
-    >,
 }
 
 /// How many 409s a step taken under our suspension reads through before it

@@ -30,7 +30,114 @@
 
 use std::time::Duration;
 
-pub use crate::reconcile::Step;
+/// Points inside a recovery where a test can act (a delete, a foreign
+/// write, a crash): one right before and one right after every write of
+/// SPEC §4 and §5, and one between the storage listing and the acquire
+/// (where helm-controller's own progress can overtake a pass).
+/// A test build of a binary is paused at them by name (see the module doc).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// The storage was listed and the revision to reclaim chosen; the
+    /// acquire comes next.
+    Planned,
+    /// The unforced acquire, locked on the read that planned the recovery,
+    /// comes next.
+    BeforeAcquire,
+    /// The unforced acquire conflicted and the release was read again; the
+    /// forced acquire comes next.
+    BeforeForcedAcquire,
+    /// The suspension and fence are held (right after the acquire, forced or
+    /// not); the annotation comes next.
+    Acquired,
+    /// The annotation is written, and its answer showed the release live;
+    /// the storage Secret's delete comes next.
+    Annotated,
+    /// A storage Secret's delete comes next: in a recovery, once the
+    /// annotation's answer showed the release live; on a release being deleted, an
+    /// `uninstalled` newest revision above live ones.
+    BeforeDeleteStorage,
+    /// The storage Secret is deleted (or was already gone).
+    AfterDeleteStorage,
+    /// A lift of our suspension or fence is about to be sent.
+    BeforeLift,
+    /// A lift was accepted.
+    AfterLift,
+    /// The drop of our fence (no suspension of ours left) is about to be sent.
+    BeforeDropFence,
+    /// The drop of our fence was accepted.
+    AfterDropFence,
+    /// The history of a release being deleted is about to be written.
+    BeforeHistoryWrite,
+    /// The history was written; the lift or the reconcile request comes next.
+    AfterHistoryWrite,
+    /// The reconcile request is about to be written.
+    BeforeReconcileRequest,
+    /// The reconcile request was written.
+    AfterReconcileRequest,
+    /// A guarded patch is about to be sent: it removes a copy of the fence
+    /// another manager also lists, or lets go where an apply was refused.
+    BeforeGuardedPatch,
+    /// A guarded patch was accepted.
+    AfterGuardedPatch,
+}
+
+impl Step {
+    /// Every step, in the order a recovery (then a delete) meets them.
+    pub const ALL: [Step; 17] = [
+        Step::Planned,
+        Step::BeforeAcquire,
+        Step::BeforeForcedAcquire,
+        Step::Acquired,
+        Step::Annotated,
+        Step::BeforeDeleteStorage,
+        Step::AfterDeleteStorage,
+        Step::BeforeLift,
+        Step::AfterLift,
+        Step::BeforeDropFence,
+        Step::AfterDropFence,
+        Step::BeforeHistoryWrite,
+        Step::AfterHistoryWrite,
+        Step::BeforeReconcileRequest,
+        Step::AfterReconcileRequest,
+        Step::BeforeGuardedPatch,
+        Step::AfterGuardedPatch,
+    ];
+
+    /// The name `FLUX_PLUNGER_TEST_PAUSE_AT` knows it by.
+    pub fn name(self) -> &'static str {
+        match self {
+            Step::Planned => "planned",
+            Step::BeforeAcquire => "before-acquire",
+            Step::BeforeForcedAcquire => "before-forced-acquire",
+            Step::Acquired => "acquired",
+            Step::Annotated => "annotated",
+            Step::BeforeDeleteStorage => "before-delete-storage",
+            Step::AfterDeleteStorage => "after-delete-storage",
+            Step::BeforeLift => "before-lift",
+            Step::AfterLift => "after-lift",
+            Step::BeforeDropFence => "before-drop-fence",
+            Step::AfterDropFence => "after-drop-fence",
+            Step::BeforeHistoryWrite => "before-history-write",
+            Step::AfterHistoryWrite => "after-history-write",
+            Step::BeforeReconcileRequest => "before-reconcile-request",
+            Step::AfterReconcileRequest => "after-reconcile-request",
+            Step::BeforeGuardedPatch => "before-guarded-patch",
+            Step::AfterGuardedPatch => "after-guarded-patch",
+        }
+    }
+}
+
+/// Test-only switches: a pause at each [`Step`], and the fence turned off so
+/// that a test can show the orphaning the fence prevents.
+#[cfg(feature = "test-hooks")]
+#[derive(Default, Clone)]
+pub struct TestHooks {
+    pub unfenced: bool,
+    #[allow(clippy::type_complexity)]
+    pub pause: Option<
+        std::sync::Arc<dyn Fn(Step) -> futures::future::BoxFuture<'static, ()> + Send + Sync>,
+    >,
+}
 
 /// The pre-delete hook's retry window, shortened for tests of failures that
 /// persist (the real window is 180 s): `FLUX_PLUNGER_TEST_HOOK_RETRY_WINDOW_SECONDS`.
@@ -219,7 +326,7 @@ impl EnvPauser {
 /// doc), so that a test (or the demo) can hold a real `flux-plunger` or
 /// `flux-plunger-drain` process at a step of its recovery or drain.
 #[cfg(feature = "test-hooks")]
-pub fn hooks_from_env() -> crate::reconcile::TestHooks {
+pub fn hooks_from_env() -> TestHooks {
     use futures::FutureExt;
     use std::sync::Arc;
 
@@ -241,7 +348,7 @@ pub fn hooks_from_env() -> crate::reconcile::TestHooks {
             });
         pause
     });
-    crate::reconcile::TestHooks { unfenced, pause }
+    TestHooks { unfenced, pause }
 }
 
 #[cfg(test)]

@@ -179,10 +179,7 @@ pub fn requests_by_since(user: &str, offset: u64) -> Result<Vec<AuditedRequest>>
         .collect())
 }
 
-/// The ServiceAccount's username as the apiserver authenticates its tokens.
-pub fn service_account_user(namespace: &str, name: &str) -> String {
-    format!("system:serviceaccount:{namespace}:{name}")
-}
+pub use crate::control_plane::service_account_user;
 
 /// The permissions of the requests the apiserver allowed (anything but 403).
 pub fn allowed(requests: &[AuditedRequest]) -> BTreeSet<Permission> {

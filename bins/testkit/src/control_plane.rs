@@ -430,10 +430,7 @@ impl ControlPlane {
             .service_account_token(admin, namespace, service_account)
             .await?;
         self.write_kubeconfig(path, &AuthInfo::Token(token))?;
-        Ok(crate::audit::service_account_user(
-            namespace,
-            service_account,
-        ))
+        Ok(service_account_user(namespace, service_account))
     }
 
     /// Binds `cluster-admin` to the ServiceAccounts `accounts` of `namespace`
@@ -674,4 +671,9 @@ pub fn workspace_binary(name: &str) -> Result<PathBuf> {
         );
     }
     Ok(path)
+}
+
+/// The ServiceAccount's username as the apiserver authenticates its tokens.
+pub fn service_account_user(namespace: &str, name: &str) -> String {
+    format!("system:serviceaccount:{namespace}:{name}")
 }
