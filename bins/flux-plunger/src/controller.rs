@@ -15,7 +15,7 @@ use kube::{Client, ResourceExt};
 
 use plunger::decide::is_of_interest;
 use plunger::error::Error;
-use plunger::reconcile::{Outcome, Reconciler};
+use plunger::reconcile::{Outcome, Pass, Reconciler};
 use plunger::release::{ReleaseView, helmrelease_resource};
 use plunger::scope::Scope;
 
@@ -29,17 +29,17 @@ pub struct Context {
     pub metrics: Arc<Metrics>,
     /// Consecutive failures per release, for the retry backoff.
     failures: Mutex<HashMap<ObjectRef<DynamicObject>, u32>>,
-    /// Releases a pass recovered, with when and the resourceVersions its
-    /// writes left them at: see [`reconcile`]. Kept for
+    /// Releases a pass recovered, with when and the resourceVersions of the
+    /// states it handled (`Pass::handled`): see [`reconcile`]. Kept for
     /// [`RECOVERED_MEMORY`] only, so that releases deleted without another
     /// event (no finalizer) do not stay here for the life of the process.
-    recovered: Mutex<HashMap<ObjectRef<DynamicObject>, OwnWrites>>,
+    recovered: Mutex<HashMap<ObjectRef<DynamicObject>, Handled>>,
 }
 
-/// When a recovery ended, and the resourceVersions its writes left.
-type OwnWrites = (Instant, Vec<String>);
+/// When a recovery ended, and the resourceVersions of the states it handled.
+type Handled = (Instant, Vec<String>);
 
-/// How long the resourceVersions of a recovery's own writes are remembered:
+/// How long the resourceVersions of a recovery's own states are remembered:
 /// their watch events arrive within seconds; after this a pass runs anyway
 /// (and finds nothing to do, at the cost of a read and a listing).
 const RECOVERED_MEMORY: Duration = Duration::from_secs(300);
@@ -114,20 +114,16 @@ async fn reconcile(object: Arc<DynamicObject>, ctx: Arc<Context>) -> Result<Acti
             recovered.remove(&key);
         }
     }
-    let uid = object.uid().unwrap_or_default();
-    // Only this pass's writes count (a failed pass may have left some).
-    ctx.reconciler.take_writes(&uid);
     let started = Instant::now();
-    let result = ctx.reconciler.reconcile(&namespace, &name).await;
+    let result = ctx.reconciler.pass(&namespace, &name).await;
     ctx.metrics
         .reconcile_duration
         .observe(started.elapsed().as_secs_f64());
-    let outcome = result?;
-    let written = ctx.reconciler.take_writes(&uid);
-    if matches!(outcome, Outcome::Recovered { .. }) && !written.is_empty() {
+    let Pass { outcome, handled } = result?;
+    if matches!(outcome, Outcome::Recovered { .. }) && !handled.is_empty() {
         let mut recovered = ctx.recovered.lock().expect("recovered map poisoned");
         recovered.retain(|_, (at, _)| at.elapsed() < RECOVERED_MEMORY);
-        recovered.insert(key.clone(), (Instant::now(), written));
+        recovered.insert(key.clone(), (Instant::now(), handled));
     }
     ctx.failures
         .lock()

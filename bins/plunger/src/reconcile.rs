@@ -88,6 +88,27 @@ impl Outcome {
     }
 }
 
+/// What one pass did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pass {
+    pub outcome: Outcome,
+    /// After a recovery: the resourceVersions of the states of the release
+    /// it wrote or acted on (its acquire, its annotation, its final lift).
+    /// A watch event of one of them wakes a pass that would find nothing to
+    /// do (the processed guard), which the controller may skip. Empty after
+    /// any other outcome.
+    pub handled: Vec<String>,
+}
+
+impl From<Outcome> for Pass {
+    fn from(outcome: Outcome) -> Self {
+        Self {
+            outcome,
+            handled: Vec::new(),
+        }
+    }
+}
+
 /// The operator's controls of what a reconcile may do.
 #[derive(Default)]
 pub struct Controls {
@@ -109,9 +130,6 @@ pub struct Reconciler {
     /// When we last warned that a release's delete is held, by uid: one
     /// warning per release per re-check interval, however often it is woken.
     fence_warnings: Mutex<HashMap<String, Instant>>,
-    /// The resourceVersions our writes left each release at, by uid, for
-    /// [`Self::take_writes`].
-    writes: Mutex<HashMap<String, Vec<String>>>,
     controls: Controls,
     /// Whose passes these are: see [`Reconciler::letting_go`].
     holds_waiting_releases: bool,
@@ -126,7 +144,6 @@ impl Reconciler {
             events,
             timings,
             fence_warnings: Mutex::new(HashMap::new()),
-            writes: Mutex::new(HashMap::new()),
             controls: Controls::default(),
             holds_waiting_releases: true,
             #[cfg(feature = "test-hooks")]
@@ -164,12 +181,17 @@ impl Reconciler {
 
     /// One pass over one release (SPEC §4, §5).
     pub async fn reconcile(&self, namespace: &str, name: &str) -> Result<Outcome, Error> {
+        Ok(self.pass(namespace, name).await?.outcome)
+    }
+
+    /// [`Self::reconcile`], with the states of the release the pass handled.
+    pub async fn pass(&self, namespace: &str, name: &str) -> Result<Pass, Error> {
         let Some(release) = self.read(namespace, name).await? else {
-            return Ok(Outcome::Gone);
+            return Ok(Outcome::Gone.into());
         };
         match self.decide_now(&release).await? {
             Decision::InspectStorage => self.recover(release).await,
-            decision => self.carry_out(&release, decision).await,
+            decision => Ok(self.carry_out(&release, decision).await?.into()),
         }
     }
 
@@ -383,7 +405,7 @@ impl Reconciler {
                             key: release.key(),
                             source,
                         })?;
-                    held = self.written(&object);
+                    held = self.view(&object);
                     tracing::info!(release = %release.key(), "labelled an uninstall fence an older flux-plunger set");
                 }
                 if let Some(event) = event {
@@ -420,7 +442,7 @@ impl Reconciler {
                     key: release.key(),
                     source,
                 })?;
-                let handed = self.written(&object);
+                let handed = self.view(&object);
                 self.pause_at_step(Step::AfterHistoryWrite).await;
                 tracing::info!(release = %release.key(), revision = snapshot.version, helm_release = %snapshot.full_name(), "handed the newest live revision to helm-controller's uninstall");
                 self.events.record(release, &event).await;
@@ -541,7 +563,7 @@ impl Reconciler {
                 key: release.key(),
                 source,
             })?;
-        let written = self.written(&object);
+        let written = self.view(&object);
         self.pause_at_step(Step::AfterReconcileRequest).await;
         tracing::info!(release = %release.key(), %requested_at, "asked helm-controller to reconcile the release being deleted");
         Ok(written)
@@ -604,7 +626,7 @@ impl Reconciler {
             Claim::NOTHING
         };
         let written = match apply::apply(&self.client, release, claim, false).await {
-            Ok(object) => self.written(&object),
+            Ok(object) => self.view(&object),
             Err(err) if is_field_manager_conflict(&err) => {
                 let let_go = decide::let_go_without_apply(release, keep_fence);
                 if let_go.is_empty() {
@@ -648,7 +670,7 @@ impl Reconciler {
         )
         .await?;
         self.pause_at_step(Step::AfterGuardedPatch).await;
-        Ok(self.written(&object))
+        Ok(self.view(&object))
     }
 
     /// Warns that a fence could not be removed: its release cannot go (or,
@@ -668,17 +690,6 @@ impl Reconciler {
         self.events.record(release, &event).await;
     }
 
-    /// The view of what one of our writes returned, its resourceVersion noted.
-    fn written(&self, object: &DynamicObject) -> ReleaseView {
-        let view = self.view(object);
-        self.writes
-            .lock()
-            .expect("write map poisoned")
-            .entry(view.uid.clone())
-            .or_default()
-            .push(view.resource_version.clone());
-        view
-    }
 
     /// How many releases' fence warnings are remembered (each only until its
     /// re-check interval has passed).
@@ -689,22 +700,9 @@ impl Reconciler {
             .len()
     }
 
-    /// The resourceVersions our writes left release `uid` at since the last
-    /// call (and forgets them). After a pass that ended
-    /// [`Outcome::Recovered`], these are states the recovery itself wrote,
-    /// the last one by its final lift: a pass over any of them finds nothing
-    /// to do (the processed guard), so the controller need not run one for
-    /// the watch events of its own writes.
-    pub fn take_writes(&self, uid: &str) -> Vec<String> {
-        self.writes
-            .lock()
-            .expect("write map poisoned")
-            .remove(uid)
-            .unwrap_or_default()
-    }
 
     /// SPEC §4 steps 6-13.
-    async fn recover(&self, release: ReleaseView) -> Result<Outcome, Error> {
+    async fn recover(&self, release: ReleaseView) -> Result<Pass, Error> {
         // The storage is in the cluster the release is installed in.
         let storage_client = match self.storage_client(&release).await {
             Ok(client) => client,
@@ -743,7 +741,7 @@ impl Reconciler {
                 };
                 self.events.record(&release, &event).await;
                 self.give_up_waiting(&release).await?;
-                return Ok(Outcome::Skipped(SkipReason::RemoteClusterUnusable { why }));
+                return Ok(Outcome::Skipped(SkipReason::RemoteClusterUnusable { why }).into());
             }
         };
         let location = StorageLocation::of(&release);
@@ -763,7 +761,7 @@ impl Reconciler {
             RecoveryPlan::Skip(reason) => {
                 tracing::info!(release = %release.key(), ?reason, storage = ?location, "stuck, but nothing to reclaim");
                 self.give_up_waiting(&release).await?;
-                return Ok(Outcome::Skipped(reason));
+                return Ok(Outcome::Skipped(reason).into());
             }
         };
 
@@ -783,14 +781,14 @@ impl Reconciler {
                 note: format!("dry run: flux-plunger would {would}"),
             };
             self.events.record(&release, &event).await;
-            return Ok(Outcome::DryRun { would });
+            return Ok(Outcome::DryRun { would }.into());
         }
         if let Some(limiter) = &self.controls.rate_limit
             && let Err(retry_after) = limiter.try_take()
         {
             tracing::info!(release = %release.key(), ?retry_after, "recovery rate limit reached; waiting");
             self.hold_while_waiting(&release).await?;
-            return Ok(Outcome::RateLimited { retry_after });
+            return Ok(Outcome::RateLimited { retry_after }.into());
         }
         self.pause_at_step(Step::Planned).await;
 
@@ -798,7 +796,7 @@ impl Reconciler {
             Acquisition::Held(held) => *held,
             Acquisition::NoLongerStuck => {
                 tracing::info!(release = %release.key(), "no longer stuck when read again before the recovery; nothing reclaimed");
-                return Ok(Outcome::Skipped(SkipReason::NoLongerStuck));
+                return Ok(Outcome::Skipped(SkipReason::NoLongerStuck).into());
             }
             Acquisition::NotOurs => {
                 let event = EventSpec {
@@ -811,7 +809,7 @@ impl Reconciler {
                     ),
                 };
                 self.events.record(&release, &event).await;
-                return Ok(Outcome::Deferred);
+                return Ok(Outcome::Deferred.into());
             }
         };
         tracing::info!(release = %release.key(), revision = target.revision, secret = %target.name, "suspended with the uninstall fence to reclaim the newest storage revision");
@@ -821,14 +819,14 @@ impl Reconciler {
             .reclaim(held, &target, below_uid.as_deref(), &storage_client)
             .await
         {
-            Ok(outcome) => Ok(outcome),
+            Ok(pass) => Ok(pass),
             Err(err) => {
                 // Step 9: an early exit never leaves our suspension behind.
                 match self.settle(&release.namespace, &release.name).await {
                     // A delete refused the step, and the undo handed the
                     // release to helm-controller's uninstall: that is what
                     // this pass did (helm-controller's answer wakes the next).
-                    Ok(handed @ Outcome::HandedOver { .. }) => Ok(handed),
+                    Ok(handed @ Outcome::HandedOver { .. }) => Ok(handed.into()),
                     Ok(_) => Err(err),
                     Err(undo) => {
                         tracing::warn!(release = %release.key(), error = %undo, "could not lift the suspension after a failed recovery step; the retry will");
@@ -884,7 +882,7 @@ impl Reconciler {
         };
         self.pause_at_step(Step::BeforeAcquire).await;
         match apply::apply(&self.client, planned, claim, false).await {
-            Ok(object) => return Ok(Acquisition::Held(Box::new(self.written(&object)))),
+            Ok(object) => return Ok(Acquisition::Held(Box::new(self.view(&object)))),
             Err(err) if is_api_code(&err, 409) => {}
             Err(err) => return Err(acquire_error(err)),
         }
@@ -898,7 +896,7 @@ impl Reconciler {
         }
         self.pause_at_step(Step::BeforeForcedAcquire).await;
         match apply::apply(&self.client, &again, claim, true).await {
-            Ok(object) => Ok(Acquisition::Held(Box::new(self.written(&object)))),
+            Ok(object) => Ok(Acquisition::Held(Box::new(self.view(&object)))),
             Err(err) if is_api_code(&err, 409) => Ok(Acquisition::NotOurs),
             Err(err) => Err(acquire_error(err)),
         }
@@ -911,14 +909,15 @@ impl Reconciler {
         target: &StorageRevision,
         below_uid: Option<&str>,
         storage_client: &Client,
-    ) -> Result<Outcome, Error> {
+    ) -> Result<Pass, Error> {
         self.pause_at_step(Step::Acquired).await;
+        let acquired_at = held.resource_version.clone();
         let mut current = held;
         let mut conflicts = 0;
         let annotated = loop {
             let source =
                 match apply::annotate(&self.client, &current, target.revision, below_uid).await {
-                    Ok(object) => break self.written(&object),
+                    Ok(object) => break self.view(&object),
                     Err(source) => source,
                 };
             // helm-controller writes status right after each suspension, so the
@@ -952,7 +951,7 @@ impl Reconciler {
         self.events
             .record(&release, &decide::recovered_event(&release, target, after))
             .await;
-        Ok(match after {
+        let outcome = match after {
             AfterRecovery::BeingDeleted { fenced: true } => Outcome::RecoveredThenDeleted {
                 revision: target.revision,
                 recheck: self.timings.fence_recheck_interval,
@@ -960,6 +959,11 @@ impl Reconciler {
             _ => Outcome::Recovered {
                 revision: target.revision,
             },
+        };
+        let handled = [Some(acquired_at), Some(release.resource_version), last_seen.map(|r| r.resource_version)];
+        Ok(Pass {
+            outcome,
+            handled: handled.into_iter().flatten().collect(),
         })
     }
 
