@@ -108,7 +108,7 @@ async fn reconcile(object: Arc<DynamicObject>, ctx: Arc<Context>) -> Result<Acti
                     .resource_version()
                     .is_some_and(|rv| written.contains(&rv))
             {
-                tracing::debug!(release = %format!("{namespace}/{name}"), "unchanged since its recovery");
+                tracing::debug!(release = %format!("{namespace}/{name}"), resource_version = %object.resource_version().unwrap_or_default(), "unchanged since its recovery");
                 return Ok(Action::await_change());
             }
             recovered.remove(&key);

@@ -196,6 +196,7 @@ async fn a_scoped_controller_recovers_only_the_namespaces_and_labels_it_watches(
     let client = control_plane().client().await?;
     let watched = TestNamespace::create(&client, "scope-in").await?;
     let other = TestNamespace::create(&client, "scope-out").await?;
+    let offset = testkit::audit::mark();
     let running = start(
         guard::shared()?,
         &[
@@ -208,10 +209,11 @@ async fn a_scoped_controller_recovers_only_the_namespaces_and_labels_it_watches(
     .await?;
     wait_ready(&running).await?;
 
+    // The releases out of scope get stuck first, the one in scope last.
     for (ns, name, labelled) in [
-        (&watched, "labelled", true),
         (&watched, "unlabelled", false),
         (&other, "labelled", true),
+        (&watched, "labelled", true),
     ] {
         let hc = SimulatedHelmController::new(client.clone(), &ns.name);
         ns.create_release(name, json!({})).await?;
@@ -238,8 +240,35 @@ async fn a_scoped_controller_recovers_only_the_namespaces_and_labels_it_watches(
         },
     )
     .await?;
-    // Give the controller time it would need to act on the others.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // The others never reach it: it asks the apiserver only for the
+    // releases in its scope (namespace and selector, server-side), and never
+    // read or wrote one of them, though they were stuck before the one it
+    // recovered.
+    let controller = guard::shared()?.controller_user();
+    let requests: Vec<_> = testkit::audit::read_since(offset)?
+        .into_iter()
+        .filter(|r| r.user == controller && r.resource() == "helmreleases")
+        .collect();
+    assert!(
+        requests.iter().any(|r| r.verb == "watch"),
+        "the watch is in the log: {requests:?}"
+    );
+    for r in &requests {
+        assert_eq!(
+            r.namespace.as_deref(),
+            Some(watched.name.as_str()),
+            "{}",
+            r.request_uri
+        );
+        assert_ne!(r.name, "unlabelled", "{}", r.request_uri);
+        if r.name.is_empty() {
+            assert!(
+                r.request_uri.contains("labelSelector=team%3Dpayments"),
+                "{}",
+                r.request_uri
+            );
+        }
+    }
     for (ns, name) in [(&watched, "unlabelled"), (&other, "labelled")] {
         let view = ReleaseView::from_object(&ns.releases().get(name).await?);
         assert!(

@@ -48,6 +48,7 @@ async fn a_recovery_sends_the_requests_of_its_steps_and_its_event_and_nothing_mo
             "--metrics-addr=127.0.0.1:0",
             "--health-addr=127.0.0.1:0",
             "--log-encoding=console",
+            "--log-level=debug",
         ])
         .env_remove("RUST_LOG");
     let mut controller = LoggedProcess::spawn(command, "controller")?;
@@ -61,8 +62,21 @@ async fn a_recovery_sends_the_requests_of_its_steps_and_its_event_and_nothing_mo
         ns.is_recovered("web", 2)
     })
     .await?;
-    // Time for a pass the recovery's own writes would wake.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // The watch event of the final lift, the last of the recovery's writes,
+    // has come and its pass is over: it was skipped.
+    let lifted = ns
+        .releases()
+        .get("web")
+        .await?
+        .metadata
+        .resource_version
+        .unwrap_or_default();
+    controller
+        .wait_logged(
+            &format!("resource_version={lifted}"),
+            Duration::from_secs(30),
+        )
+        .await?;
     controller.terminate(Duration::from_secs(20)).await?;
 
     let sent: Vec<(String, String)> = requests_since(offset, &username)?

@@ -690,7 +690,6 @@ impl Reconciler {
         self.events.record(release, &event).await;
     }
 
-
     /// How many releases' fence warnings are remembered (each only until its
     /// re-check interval has passed).
     pub fn remembered_fence_warnings(&self) -> usize {
@@ -699,7 +698,6 @@ impl Reconciler {
             .expect("fence warning map poisoned")
             .len()
     }
-
 
     /// SPEC §4 steps 6-13.
     async fn recover(&self, release: ReleaseView) -> Result<Pass, Error> {
@@ -960,7 +958,11 @@ impl Reconciler {
                 revision: target.revision,
             },
         };
-        let handled = [Some(acquired_at), Some(release.resource_version), last_seen.map(|r| r.resource_version)];
+        let handled = [
+            Some(acquired_at),
+            Some(release.resource_version),
+            last_seen.map(|r| r.resource_version),
+        ];
         Ok(Pass {
             outcome,
             handled: handled.into_iter().flatten().collect(),
