@@ -19,14 +19,10 @@ use serde_json::{Value, json};
 
 use crate::apply::{guarded_patch, patch_guarded};
 use crate::error::is_permanent_refusal;
-use crate::names::PROCESSED_VERSION_ANNOTATION;
+use crate::names::{PROCESSED_VERSION_ANNOTATION, SWEEP_FIELD_MANAGER};
 use crate::release::{ReleaseView, helmreleases};
 use crate::scope::Scope;
 use crate::test_hooks::{SweepStep, pause_at};
-
-/// The field manager of the sweep's patches (never `flux-plunger`, whose
-/// `Apply` entries mean "our suspension").
-pub const SWEEP_FIELD_MANAGER: &str = "flux-plunger-sweep";
 
 /// What releasing one HelmRelease takes.
 #[derive(Debug, Clone, PartialEq, Eq)]
