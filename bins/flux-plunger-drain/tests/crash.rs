@@ -14,7 +14,7 @@ use anyhow::{Context, Result};
 use kube::api::DeleteParams;
 use plunger::lease::{Attempt, LeaseLock};
 use plunger::reconcile::Step;
-use plunger::release::ReleaseView;
+use plunger::release::view::ReleaseView;
 use serde_json::json;
 use testkit::crash::{PauseGate, Settled, free_ports, kill9, release_words};
 use testkit::guard::Guarded;

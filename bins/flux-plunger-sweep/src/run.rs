@@ -4,7 +4,8 @@ use std::io::Write;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use plunger::release::{ReleaseView, helmreleases};
+use plunger::release::api::helmreleases;
+use plunger::release::view::ReleaseView;
 use plunger::sweep::{
     self, Budget, HookConfig, NotReleased, Refusals, ReleasePlan, Row, Suspension, Uninstall,
 };

@@ -14,7 +14,7 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{Api, DeleteParams, PostParams};
 use plunger::lease::{Attempt, LeaseLock};
-use plunger::release::ReleaseView;
+use plunger::release::view::ReleaseView;
 use plunger::test_hooks::SweepStep;
 use serde_json::json;
 use testkit::crash::{PauseGate, Settled, kill9, release_words};

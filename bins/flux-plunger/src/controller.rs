@@ -20,7 +20,7 @@ use plunger::names::{
     FENCE_FINALIZER, FIELD_MANAGER, PROCESSED_VERSION_ANNOTATION, READY_CONDITION,
 };
 use plunger::reconcile::{Outcome, Reconciler};
-use plunger::release::{ReleaseView, helmrelease_resource};
+use plunger::release::view::{ReleaseView, helmrelease_resource};
 use plunger::scope::Scope;
 
 use crate::metrics::Metrics;
@@ -60,7 +60,7 @@ impl Context {
 }
 
 /// HelmReleases per page of the watch's listing (the drain's and the
-/// sweep's listing: `plunger::release::LIST_PAGE_SIZE`).
+/// sweep's listing: `plunger::release::api::LIST_PAGE_SIZE`).
 const WATCH_PAGE_SIZE: u32 = 100;
 
 /// Retry delays: 1 s doubling to 5 minutes.

@@ -279,7 +279,7 @@ impl<'de> Deserialize<'de> for Entry {
 mod tests {
     use super::*;
     use plunger::decide::is_of_interest;
-    use plunger::release::ReleaseView;
+    use plunger::release::view::ReleaseView;
     use serde_json::json;
 
     fn full() -> Value {

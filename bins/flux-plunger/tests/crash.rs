@@ -24,7 +24,7 @@ use plunger::names::{
     RECONCILE_REQUESTED_AT_ANNOTATION,
 };
 use plunger::reconcile::Step;
-use plunger::release::ReleaseView;
+use plunger::release::view::ReleaseView;
 use serde_json::json;
 use testkit::crash::{PauseGate, Settled, free_ports, kill9, release_words};
 use testkit::helm_controller::pass_due;

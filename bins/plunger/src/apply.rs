@@ -22,7 +22,8 @@ use crate::names::{
     HELMRELEASE_KIND, PROCESSED_BELOW_UID_ANNOTATION, PROCESSED_VERSION_ANNOTATION,
     RECONCILE_REQUESTED_AT_ANNOTATION, SHARED_FIELD_MANAGER,
 };
-use crate::release::{ReleaseView, helmreleases};
+use crate::release::api::helmreleases;
+use crate::release::view::ReleaseView;
 
 /// What one apply claims. A field left out is given up: `spec.suspend` falls
 /// back to unset when we were its only owner and stays when someone else

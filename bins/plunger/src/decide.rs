@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use crate::history::HistorySnapshot;
 use crate::names::reasons;
-use crate::release::{ProcessedVersion, ReleaseView};
+use crate::release::view::{ProcessedVersion, ReleaseView};
 use crate::storage::StorageRevision;
 
 /// An event to record on the release.

@@ -20,7 +20,8 @@ use crate::error::{
 };
 use crate::events::Events;
 use crate::names::{PATCH_FIELD_MANAGER, reasons};
-use crate::release::{ReleaseView, helmreleases};
+use crate::release::api::helmreleases;
+use crate::release::view::{ProcessedVersion, ReleaseView};
 use crate::remote::RemoteError;
 use crate::storage::{self, StorageLocation, StorageRevision};
 use crate::timings::Timings;
@@ -406,7 +407,7 @@ impl Reconciler {
         if !release.malformed.is_empty() {
             tracing::warn!(release = %release.key(), fields = ?release.malformed, "ignoring malformed fields of the HelmRelease");
         }
-        if let crate::release::ProcessedVersion::Unparsable(text) = release.processed_version() {
+        if let ProcessedVersion::Unparsable(text) = release.processed_version() {
             // SPEC §4 step 7: the guard does not hold, the recovery carries on.
             tracing::warn!(release = %release.key(), annotation = crate::names::PROCESSED_VERSION_ANNOTATION, value = %text, "ignoring an annotation that is not a revision number");
         }

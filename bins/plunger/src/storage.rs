@@ -21,7 +21,7 @@ use crate::names::{
     HELM_STORAGE_NAME_LABEL, HELM_STORAGE_OWNER_LABEL, HELM_STORAGE_SECRET_TYPE,
     HELM_STORAGE_STATUS_LABEL, HELM_STORAGE_VERSION_LABEL, storage_secret_name,
 };
-use crate::release::ReleaseView;
+use crate::release::view::ReleaseView;
 
 /// Where helm-controller keeps a release's storage Secrets.
 #[derive(Debug, Clone, PartialEq, Eq)]

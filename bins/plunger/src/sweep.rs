@@ -20,7 +20,8 @@ use serde_json::{Value, json};
 use crate::apply::{guarded_patch, patch_guarded};
 use crate::error::is_permanent_refusal;
 use crate::names::{PROCESSED_VERSION_ANNOTATION, SWEEP_FIELD_MANAGER};
-use crate::release::{ReleaseView, helmreleases};
+use crate::release::api::{helmreleases, list_every_fence};
+use crate::release::view::ReleaseView;
 use crate::scope::Scope;
 use crate::test_hooks::{SweepStep, pause_at};
 
@@ -154,30 +155,11 @@ pub fn row_of(release: &ReleaseView) -> Option<Row> {
     })
 }
 
-/// Every fenced HelmRelease in `scope`: those with the fence's label, selected by the
-/// apiserver, and those an older flux-plunger fenced without the label,
-/// found in one listing of the metadata of the releases without it and read
-/// whole one by one (the plan needs their spec and managedFields).
-pub async fn list_every_fence(client: &Client, scope: &Scope) -> kube::Result<Vec<ReleaseView>> {
-    let mut fenced = crate::drain::list_fenced(client, scope).await?;
-    for (namespace, name) in crate::release::list_unlabelled_fences(client, scope).await? {
-        if let Some(object) = helmreleases(client.clone(), &namespace)
-            .get_opt(&name)
-            .await?
-        {
-            let release = ReleaseView::from_object(&object);
-            if release.has_fence() {
-                fenced.push(release);
-            }
-        }
-    }
-    Ok(fenced)
-}
-
 /// Every HelmRelease `list` shows.
 pub async fn list_rows(client: &Client) -> kube::Result<Vec<Row>> {
     let mut rows =
-        crate::release::list_all(client, &Scope::default(), |release| row_of(&release)).await?;
+        crate::release::api::list_all(client, &Scope::default(), |release| row_of(&release))
+            .await?;
     rows.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
     Ok(rows)
 }

@@ -13,7 +13,7 @@ use kube::api::{Patch, PatchParams, PostParams};
 use plunger::events::Events;
 use plunger::names::{self, PROCESSED_VERSION_ANNOTATION};
 use plunger::reconcile::{Outcome, Reconciler};
-use plunger::release::ReleaseView;
+use plunger::release::view::ReleaseView;
 use plunger::storage::{StorageLocation, list_storage, shorten_release_name};
 use plunger::timings::Timings;
 use serde_json::json;

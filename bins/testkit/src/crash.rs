@@ -10,7 +10,7 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use plunger::release::ReleaseView;
+use plunger::release::view::ReleaseView;
 
 use crate::{Handled, SimulatedHelmController, TestNamespace};
 
