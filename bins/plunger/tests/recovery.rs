@@ -1760,7 +1760,7 @@ async fn a_release_name_past_53_characters_is_shortened_as_helm_controller_does(
     let w = world("identity-long").await?;
     let target = "t".repeat(20);
     let name = "a-release-with-a-rather-long-name-indeed";
-    let helm_name = plunger::storage::shorten_release_name(&format!("{target}-{name}"));
+    let helm_name = plunger::storage::view::shorten_release_name(&format!("{target}-{name}"));
     assert_eq!(helm_name.len(), 53);
     stuck_elsewhere(
         &w,
