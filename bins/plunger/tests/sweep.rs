@@ -12,9 +12,9 @@ use plunger::names::{
 };
 use plunger::release::view::ReleaseView;
 use plunger::scope::Scope;
-use plunger::sweep::{
-    Budget, HookConfig, NotReleased, Refusals, Released, Uninstall, release_with_retry, run_hook,
-};
+use plunger::sweep::hook::{HookConfig, run_hook};
+use plunger::sweep::plan::Budget;
+use plunger::sweep::{NotReleased, Refusals, Released, Uninstall, release_with_retry};
 use serde_json::json;
 use testkit::{TestNamespace, audit, control_plane};
 
