@@ -34,7 +34,7 @@ async fn hook(args: HookArgs) -> anyhow::Result<ExitCode> {
         );
         return Ok(ExitCode::from(2));
     };
-    let timings = args.grace.shutdown_grace_period_seconds;
+    let timings = args.grace.timings;
     let client = args.kube.client().await?;
     let config = HookConfig {
         namespace,
