@@ -126,8 +126,10 @@ pub async fn bench_large(admin: &Client, identity: &Identity) -> Result<LargeFig
 
 /// Every HelmRelease of the cluster, counted from a metadata listing.
 async fn count_releases(admin: &Client) -> Result<usize> {
-    let api: kube::Api<kube::api::DynamicObject> =
-        kube::Api::all_with(admin.clone(), &plunger::release::helmrelease_resource());
+    let api: kube::Api<kube::api::DynamicObject> = kube::Api::all_with(
+        admin.clone(),
+        &plunger::release::view::helmrelease_resource(),
+    );
     let mut params = kube::api::ListParams::default().limit(5000);
     let mut count = 0;
     loop {

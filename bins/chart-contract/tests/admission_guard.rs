@@ -23,7 +23,8 @@ use plunger::names::{
     FENCE_FINALIZER, FIELD_MANAGER, HELM_CONTROLLER_FINALIZER, HELMRELEASE_API_VERSION,
     HELMRELEASE_KIND, OWN_ANNOTATIONS,
 };
-use plunger::release::{ReleaseView, helmreleases};
+use plunger::release::api::helmreleases;
+use plunger::release::view::ReleaseView;
 use serde_json::{Value, json};
 use testkit::guard::{Guarded, is_refused_by};
 use testkit::{Handled, SimulatedHelmController, TestNamespace, control_plane};

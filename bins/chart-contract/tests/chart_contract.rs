@@ -136,7 +136,7 @@ fn the_controller_parses_the_chart_s_flags_with_the_grace_period_and_the_lease()
     for g in GRACE_PERIODS {
         let manifests = render_with_grace(g)?;
         let args = controller_args(&manifests)?;
-        let timings = args.grace.shutdown_grace_period_seconds;
+        let timings = args.grace.timings;
         assert_eq!(timings, Timings::from_grace_period(g)?, "G={g}");
         assert_eq!(timings.grace_period.as_secs(), g);
         assert_eq!(timings.drain_deadline.as_secs(), g - 25, "G={g}");
@@ -162,7 +162,7 @@ fn the_drain_parses_the_chart_s_flags_with_the_grace_period_and_the_lease() -> R
     for g in GRACE_PERIODS {
         let manifests = render_with_grace(g)?;
         let args = drain_args(&manifests)?;
-        let timings = args.grace.shutdown_grace_period_seconds;
+        let timings = args.grace.timings;
         assert_eq!(timings, Timings::from_grace_period(g)?, "G={g}");
         assert_eq!(timings.drain_deadline.as_secs(), g - 25, "G={g}");
         assert_eq!(
@@ -190,7 +190,7 @@ fn the_sweep_parses_the_hook_s_flags_and_targets_this_release_s_deployment_pods_
     for g in GRACE_PERIODS {
         let manifests = render_with_grace(g)?;
         let hook = hook_args(&manifests)?;
-        let timings = hook.grace.shutdown_grace_period_seconds;
+        let timings = hook.grace.timings;
         assert_eq!(timings, Timings::from_grace_period(g)?, "G={g}");
         assert_eq!(timings.drain_deadline.as_secs(), g - 25, "G={g}");
         assert_eq!(hook.log.log_encoding, LogEncoding::Json);
@@ -218,9 +218,9 @@ fn every_value_set_renders_flags_the_binaries_accept() -> Result<()> {
     let drain = drain_args(&manifests)?;
     let hook = hook_args(&manifests)?;
     let g140 = Timings::from_grace_period(140)?;
-    assert_eq!(controller.grace.shutdown_grace_period_seconds, g140);
-    assert_eq!(drain.grace.shutdown_grace_period_seconds, g140);
-    assert_eq!(hook.grace.shutdown_grace_period_seconds, g140);
+    assert_eq!(controller.grace.timings, g140);
+    assert_eq!(drain.grace.timings, g140);
+    assert_eq!(hook.grace.timings, g140);
     for lease in [
         &controller.lease.leader_election_lease_name,
         &drain.lease.leader_election_lease_name,

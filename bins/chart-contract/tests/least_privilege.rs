@@ -13,7 +13,7 @@ use kube::Api;
 use kube::api::{Patch, PatchParams, PostParams};
 use plunger::names::FIELD_MANAGER;
 use plunger::names::reasons;
-use plunger::release::ReleaseView;
+use plunger::release::view::ReleaseView;
 use serde_json::json;
 use testkit::audit;
 use testkit::control_plane::workspace_binary;

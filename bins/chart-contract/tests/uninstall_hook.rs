@@ -24,7 +24,7 @@ use plunger::names::{
     FENCE_FINALIZER, FIELD_MANAGER, HELM_CONTROLLER_FINALIZER, HELMRELEASE_API_VERSION,
     HELMRELEASE_KIND,
 };
-use plunger::release::ReleaseView;
+use plunger::release::view::ReleaseView;
 use serde_json::{Value, json};
 use testkit::audit;
 use testkit::control_plane::workspace_binary;

@@ -511,8 +511,8 @@ async fn storage_secrets_carry_the_labels_and_type_flux_plunger_lists_by() -> Re
 #[tokio::test]
 async fn flux_plunger_computes_the_helm_release_name_the_real_helm_controller_uses() -> Result<()> {
     use kube::api::PostParams;
-    use plunger::release::ReleaseView;
-    use plunger::storage::{StorageLocation, default_release_name, shorten_release_name};
+    use plunger::release::view::ReleaseView;
+    use plunger::storage::view::{StorageLocation, default_release_name, shorten_release_name};
     testkit::real_helm_controller::helm_controller();
     let client = testkit::control_plane().client().await?;
     let ns = testkit::TestNamespace::create(&client, "e2e-identity").await?;

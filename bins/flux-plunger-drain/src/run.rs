@@ -22,7 +22,7 @@ const RETRY: std::time::Duration = std::time::Duration::from_millis(500);
 /// Waits for SIGTERM (or SIGINT), then drains.
 pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     args.log.init();
-    let timings = args.grace.shutdown_grace_period_seconds;
+    let timings = args.grace.timings;
     let identity = args.lease.identity();
     let namespace = args
         .lease

@@ -1,8 +1,8 @@
-//! Crash at every step (issue #10, item 3) of the drain sidecar: SIGKILLed
-//! right before and right after each of its per-release writes (a lift, a
-//! fence drop), then a second drain, or the restarted controller, must settle
-//! everything: no suspension or fence of ours on a live release, every
-//! deleted release uninstalled and gone, nothing left Terminating.
+//! Crash at every step of the drain sidecar: SIGKILLed right before and
+//! right after each of its per-release writes (a lift, a fence drop), then a
+//! second drain, or the restarted controller, must settle everything: no
+//! suspension or fence of ours on a live release, every deleted release
+//! uninstalled and gone, nothing left Terminating.
 //!
 //! The drain runs one release at a time here (`--concurrent=1`), so the
 //! release each point stops at, and what was done before it, is fixed: the
@@ -14,7 +14,7 @@ use anyhow::{Context, Result};
 use kube::api::DeleteParams;
 use plunger::lease::{Attempt, LeaseLock};
 use plunger::reconcile::Step;
-use plunger::release::ReleaseView;
+use plunger::release::view::ReleaseView;
 use serde_json::json;
 use testkit::crash::{PauseGate, Settled, free_ports, kill9, release_words};
 use testkit::guard::Guarded;

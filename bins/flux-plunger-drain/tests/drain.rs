@@ -7,7 +7,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use plunger::lease::{Attempt, LeaseLock};
 use plunger::names::{FENCE_FINALIZER, HELM_CONTROLLER_FINALIZER};
-use plunger::release::ReleaseView;
+use plunger::release::view::ReleaseView;
 use serde_json::json;
 use testkit::process::LoggedProcess;
 use testkit::{Handled, SimulatedHelmController, TestNamespace, control_plane};

@@ -13,7 +13,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use kube::Client;
 use kube::api::{Api, DeleteParams};
 use plunger::lease::{Attempt, LeaseLock};
-use plunger::release::ReleaseView;
+use plunger::release::view::ReleaseView;
 use serde_json::json;
 use testkit::audit::{self, AuditedRequest};
 use testkit::control_plane::{AuthInfo, ControlPlane, workspace_binary};

@@ -4,10 +4,12 @@ use std::io::Write;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use plunger::release::{ReleaseView, helmreleases};
-use plunger::sweep::{
-    self, Budget, HookConfig, NotReleased, Refusals, ReleasePlan, Row, Suspension, Uninstall,
-};
+use plunger::error::describe;
+use plunger::release::api::helmreleases;
+use plunger::release::view::ReleaseView;
+use plunger::sweep::hook::{HookConfig, run_hook};
+use plunger::sweep::plan::{Budget, ReleasePlan, Row, Suspension};
+use plunger::sweep::{NotReleased, Refusals, Uninstall, list_rows, release_with_retry};
 
 use crate::cli::{Command, HookArgs, ListArgs, Output, ReleaseArgs};
 
@@ -32,7 +34,7 @@ async fn hook(args: HookArgs) -> anyhow::Result<ExitCode> {
         );
         return Ok(ExitCode::from(2));
     };
-    let timings = args.grace.shutdown_grace_period_seconds;
+    let timings = args.grace.timings;
     let client = args.kube.client().await?;
     let config = HookConfig {
         namespace,
@@ -45,7 +47,7 @@ async fn hook(args: HookArgs) -> anyhow::Result<ExitCode> {
         pod_wait: plunger::test_hooks::hook_pod_wait_override().unwrap_or(timings.hook_pod_wait),
         finish_margin: timings.hook_finish_margin,
     };
-    let report = sweep::run_hook(&client, &config).await;
+    let report = run_hook(&client, &config).await;
     let mut out = std::io::stdout().lock();
     for line in &report.lines {
         writeln!(out, "{line}")?;
@@ -75,10 +77,10 @@ fn suspension_text(s: Suspension) -> &'static str {
 async fn list(args: ListArgs) -> anyhow::Result<ExitCode> {
     args.log.init();
     let client = args.kube.client().await?;
-    let rows = match sweep::list_rows(&client).await {
+    let rows = match list_rows(&client).await {
         Ok(rows) => rows,
         Err(err) => {
-            eprintln!("could not list HelmReleases: {}", sweep::describe(&err));
+            eprintln!("could not list HelmReleases: {}", describe(&err));
             return Ok(ExitCode::FAILURE);
         }
     };
@@ -139,7 +141,7 @@ async fn release(args: ReleaseArgs) -> anyhow::Result<ExitCode> {
             return Ok(ExitCode::FAILURE);
         }
         Err(err) => {
-            eprintln!("could not read {key}: {}", sweep::describe(&err));
+            eprintln!("could not read {key}: {}", describe(&err));
             return Ok(ExitCode::FAILURE);
         }
     };
@@ -162,7 +164,7 @@ async fn release(args: ReleaseArgs) -> anyhow::Result<ExitCode> {
         Uninstall::MustNotSkip
     };
     let budget = Budget::from_now(RELEASE_RETRY_WINDOW, RELEASE_FINISH_MARGIN);
-    match sweep::release_with_retry(&client, release, budget, uninstall, Refusals::End).await {
+    match release_with_retry(&client, release, budget, uninstall, Refusals::End).await {
         Ok(released) if released.without_uninstall => {
             println!("released {key} WITHOUT an uninstall, as asked");
             Ok(ExitCode::SUCCESS)
@@ -178,7 +180,7 @@ async fn release(args: ReleaseArgs) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::FAILURE)
         }
         Err(NotReleased::Failed(err)) => {
-            eprintln!("NOT released {key}: {}", sweep::describe(&err));
+            eprintln!("NOT released {key}: {}", describe(&err));
             Ok(ExitCode::FAILURE)
         }
     }

@@ -1,10 +1,9 @@
-//! Crash at every step (issue #10, item 3) of the pre-delete hook: the
-//! sweeper is SIGKILLed right before and right after each of its writes (the
-//! Deployment's scale-down, a release's guarded JSON patch, the Lease's
-//! removal); a rerun of the
-//! hook, as helm-controller's retry of the uninstall runs it, must finish the
-//! job and report exactly what it did, and once helm-controller has answered
-//! nothing is left fenced, suspended by us or Terminating.
+//! Crash at every step of the pre-delete hook: the sweeper is SIGKILLed
+//! right before and right after each of its writes (the Deployment's
+//! scale-down, a release's guarded JSON patch, the Lease's removal); a rerun
+//! of the hook, as helm-controller's retry of the uninstall runs it, must
+//! finish the job and report exactly what it did, and once helm-controller
+//! has answered nothing is left fenced, suspended by us or Terminating.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -14,7 +13,7 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{Api, DeleteParams, PostParams};
 use plunger::lease::{Attempt, LeaseLock};
-use plunger::release::ReleaseView;
+use plunger::release::view::ReleaseView;
 use plunger::test_hooks::SweepStep;
 use serde_json::json;
 use testkit::crash::{PauseGate, Settled, kill9, release_words};

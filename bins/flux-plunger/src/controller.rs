@@ -16,7 +16,7 @@ use kube::{Client, ResourceExt};
 use plunger::decide::is_of_interest;
 use plunger::error::Error;
 use plunger::reconcile::{Outcome, Pass, Reconciler};
-use plunger::release::{ReleaseView, helmrelease_resource};
+use plunger::release::view::{ReleaseView, helmrelease_resource};
 use plunger::scope::Scope;
 
 use crate::metrics::Metrics;
@@ -56,7 +56,7 @@ impl Context {
 }
 
 /// HelmReleases per page of the watch's listing (the drain's and the
-/// sweep's listing: `plunger::release::LIST_PAGE_SIZE`).
+/// sweep's listing: `plunger::release::api::LIST_PAGE_SIZE`).
 const WATCH_PAGE_SIZE: u32 = 100;
 
 /// Retry delays: 1 s doubling to 5 minutes.

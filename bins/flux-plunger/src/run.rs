@@ -33,7 +33,7 @@ const APISERVER_PATIENCE: std::time::Duration = std::time::Duration::from_secs(1
 /// Runs the controller until it is told to stop.
 pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     args.log.init();
-    let timings = args.grace.shutdown_grace_period_seconds;
+    let timings = args.grace.timings;
     // Fail loudly (and be restarted) rather than run blind: nothing below can
     // work without the apiserver.
     let client = args.kube.answering_client(APISERVER_PATIENCE).await?;

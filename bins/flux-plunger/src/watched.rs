@@ -23,7 +23,7 @@ use serde_json::{Map, Value};
 use plunger::names::{
     FENCE_FINALIZER, FIELD_MANAGER, PROCESSED_VERSION_ANNOTATION, READY_CONDITION,
 };
-use plunger::release::ReleaseView;
+use plunger::release::view::ReleaseView;
 
 /// A HelmRelease as the watch decodes it; [`WatchedRelease::into_object`]
 /// gives the trimmed `DynamicObject` the cache holds.
@@ -328,7 +328,7 @@ fn trim(object: &mut DynamicObject) {
 mod tests {
     use super::*;
     use plunger::decide::is_of_interest;
-    use plunger::release::ReleaseView;
+    use plunger::release::view::ReleaseView;
     use serde_json::json;
 
     fn full() -> Value {

@@ -7,7 +7,7 @@ use anyhow::{Context, Result};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::Api;
 use plunger::names::PROCESSED_VERSION_ANNOTATION;
-use plunger::release::ReleaseView;
+use plunger::release::view::ReleaseView;
 use serde_json::json;
 use testkit::control_plane::free_ports;
 use testkit::guard::{self, Guarded};

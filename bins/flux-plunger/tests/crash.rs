@@ -1,6 +1,6 @@
-//! Crash at every step (issue #10, item 3): the controller is SIGKILLed right
-//! before and right after each write of SPEC §4 and §5, restarted, and the
-//! invariants are checked once things settle:
+//! Crash at every step: the controller is SIGKILLed right before and right
+//! after each write of SPEC §4 and §5, restarted, and the invariants are
+//! checked once things settle:
 //!
 //! - a release deleted without a foreign suspension got its uninstall;
 //! - no suspension or fence of ours is left on a live, settled release;
@@ -24,7 +24,7 @@ use plunger::names::{
     RECONCILE_REQUESTED_AT_ANNOTATION,
 };
 use plunger::reconcile::Step;
-use plunger::release::ReleaseView;
+use plunger::release::view::ReleaseView;
 use serde_json::json;
 use testkit::crash::{PauseGate, Settled, free_ports, kill9, release_words};
 use testkit::helm_controller::pass_due;

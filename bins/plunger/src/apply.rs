@@ -1,8 +1,10 @@
-//! The one write primitive (SPEC §3), the annotation patch, the guarded
-//! JSON patch that lets go of what an apply cannot give up, and the two
-//! writes that hand a release being deleted to helm-controller's uninstall
-//! (SPEC §5a, §5d): its history, and a reconcile request. Nothing else in
-//! flux-plunger writes a HelmRelease.
+//! Every write flux-plunger makes to a HelmRelease, whichever binary sends
+//! it: the one write primitive (SPEC §3); the annotation patch; the guarded
+//! JSON patch, with which the controller and the drain let go of what an
+//! apply cannot give up, and which is the sweeper's only write (it never
+//! applies); and the two writes that hand a release being deleted to
+//! helm-controller's uninstall (SPEC §5a, §5d): its history, and a reconcile
+//! request.
 //!
 //! Every apply carries the `resourceVersion` and `uid` of the read that
 //! decided on it: a write landing in between makes it fail with 409 instead
@@ -22,7 +24,8 @@ use crate::names::{
     HELMRELEASE_KIND, PROCESSED_BELOW_UID_ANNOTATION, PROCESSED_VERSION_ANNOTATION,
     RECONCILE_REQUESTED_AT_ANNOTATION, SHARED_FIELD_MANAGER,
 };
-use crate::release::{ReleaseView, helmreleases};
+use crate::release::api::helmreleases;
+use crate::release::view::ReleaseView;
 
 /// What one apply claims. A field left out is given up: `spec.suspend` falls
 /// back to unset when we were its only owner and stays when someone else

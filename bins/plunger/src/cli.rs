@@ -200,8 +200,13 @@ impl LeaseArgs {
 pub struct GraceArgs {
     /// The pod's termination grace period in whole seconds, 40 to 140. Every
     /// other timing (drain deadline, Lease, hook waits) derives from it.
-    #[arg(long, default_value = "90", value_parser = parse_timings, value_name = "SECONDS")]
-    pub shutdown_grace_period_seconds: Timings,
+    #[arg(
+        long = "shutdown-grace-period-seconds",
+        default_value_t = Timings::default(),
+        value_parser = parse_timings,
+        value_name = "SECONDS"
+    )]
+    pub timings: Timings,
 }
 
 fn parse_timings(text: &str) -> Result<Timings, GracePeriodError> {

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use crate::history::HistorySnapshot;
 use crate::names::reasons;
-use crate::release::{ProcessedVersion, ReleaseView};
-use crate::storage::StorageRevision;
+use crate::release::view::{ProcessedVersion, ReleaseView};
+use crate::storage::view::StorageRevision;
 
 /// An event to record on the release.
 #[derive(Debug, Clone, PartialEq, Eq)]

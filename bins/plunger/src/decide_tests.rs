@@ -8,7 +8,7 @@ use serde_json::json;
 use super::*;
 use crate::history::HistorySnapshot;
 use crate::names::{FENCE_FINALIZER, HELM_CONTROLLER_FINALIZER, PROCESSED_VERSION_ANNOTATION};
-use crate::release::{ReadyCondition, ReleasedCondition};
+use crate::release::view::{ReadyCondition, ReleasedCondition};
 
 const MINUTE: Duration = Duration::from_secs(60);
 

@@ -23,7 +23,8 @@ use tokio::sync::watch;
 
 use crate::lease::Claim;
 use crate::reconcile::{Outcome, Reconciler};
-use crate::release::{ReleaseView, list_labelled_fences};
+use crate::release::api::list_fenced;
+use crate::release::view::ReleaseView;
 use crate::scope::Scope;
 
 /// How often held releases are looked at again while helm-controller works,
@@ -98,18 +99,6 @@ impl DrainReport {
     pub fn anything_left(&self) -> bool {
         self.found.is_none() || !self.left.is_empty()
     }
-}
-
-/// The fenced releases in `scope`, selected by the fence's label (finalizers
-/// cannot be selected server-side). A fence an older flux-plunger set without
-/// the label is not listed here: the controller labels every fence it keeps
-/// as soon as it reconciles the release, and the pre-delete hook also looks
-/// for unlabelled ones.
-pub async fn list_fenced(client: &Client, scope: &Scope) -> kube::Result<Vec<ReleaseView>> {
-    list_labelled_fences(client, scope, |release| {
-        release.has_fence().then_some(release)
-    })
-    .await
 }
 
 /// Drains the fences in `scope` until every one is gone, the Lease is lost,

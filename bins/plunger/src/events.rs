@@ -9,7 +9,7 @@ use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 
 use crate::decide::EventSpec;
 use crate::names::{HELMRELEASE_API_VERSION, HELMRELEASE_KIND};
-use crate::release::ReleaseView;
+use crate::release::view::ReleaseView;
 
 /// Records events as one reporting component (`flux-plunger`, or the drain).
 #[derive(Clone)]

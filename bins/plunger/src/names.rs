@@ -79,6 +79,10 @@ pub const SHARED_FIELD_MANAGER: &str = "flux-client-side-apply";
 /// suspension look like ours.
 pub const PATCH_FIELD_MANAGER: &str = "flux-plunger-patch";
 
+/// The manager of the pre-delete sweep's guarded patches and its scale-down.
+/// Never `flux-plunger`, whose `Apply` entries mean "our suspension".
+pub const SWEEP_FIELD_MANAGER: &str = "flux-plunger-sweep";
+
 /// Type of Helm's release storage Secrets.
 pub const HELM_STORAGE_SECRET_TYPE: &str = "helm.sh/release.v1";
 /// Label every Helm storage Secret carries with value `helm`.

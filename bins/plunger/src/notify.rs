@@ -13,7 +13,7 @@ use serde_json::{Value, json};
 
 use crate::decide::EventSpec;
 use crate::names::{HELMRELEASE_API_VERSION, HELMRELEASE_KIND};
-use crate::release::ReleaseView;
+use crate::release::view::ReleaseView;
 
 /// How long one post may take before it is given up (logged, not retried).
 const POST_TIMEOUT: Duration = Duration::from_secs(5);

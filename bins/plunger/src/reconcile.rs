@@ -20,9 +20,11 @@ use crate::error::{
 };
 use crate::events::Events;
 use crate::names::{PATCH_FIELD_MANAGER, reasons};
-use crate::release::{ReleaseView, helmreleases};
+use crate::release::api::helmreleases;
+use crate::release::view::{ProcessedVersion, ReleaseView};
 use crate::remote::RemoteError;
-use crate::storage::{self, StorageLocation, StorageRevision};
+use crate::storage::api::{delete_revision, list_storage, read_snapshot};
+use crate::storage::view::{StorageLocation, StorageRevision, parse_revisions};
 pub use crate::test_hooks::Step;
 #[cfg(feature = "test-hooks")]
 pub use crate::test_hooks::TestHooks;
@@ -257,7 +259,7 @@ impl Reconciler {
             Err(RemoteError::Unusable(why)) => return Ok(StorageFacts::Unreadable { why }),
         };
         let location = StorageLocation::of(release);
-        let secrets = match storage::list_storage(&client, &location).await {
+        let secrets = match list_storage(&client, &location).await {
             Ok(secrets) => secrets,
             Err(err) if is_api_code(&err, 401) || is_api_code(&err, 403) => {
                 return Ok(StorageFacts::Unreadable {
@@ -272,13 +274,13 @@ impl Reconciler {
                 });
             }
         };
-        let (revisions, ignored) = storage::parse_revisions(&secrets, &location);
+        let (revisions, ignored) = parse_revisions(&secrets, &location);
         for secret in &ignored {
             tracing::warn!(release = %release.key(), secret = %secret.name, why = %secret.why, "ignoring a Secret that is not a well-formed Helm storage revision");
         }
         let snapshot = match decide::uninstall_target(&revisions) {
             UninstallTarget::Revision(target) if !release.has_history => Some(
-                storage::read_snapshot(&client, target, &location.release_name)
+                read_snapshot(&client, target, &location.release_name)
                     .await
                     .map_err(|source| Error::ReadStorage {
                         namespace: target.namespace.clone(),
@@ -322,7 +324,7 @@ impl Reconciler {
         if !release.malformed.is_empty() {
             tracing::warn!(release = %release.key(), fields = ?release.malformed, "ignoring malformed fields of the HelmRelease");
         }
-        if let crate::release::ProcessedVersion::Unparsable(text) = release.processed_version() {
+        if let ProcessedVersion::Unparsable(text) = release.processed_version() {
             // SPEC §4 step 7: the guard does not hold, the recovery carries on.
             tracing::warn!(release = %release.key(), annotation = crate::names::PROCESSED_VERSION_ANNOTATION, value = %text, "ignoring an annotation that is not a revision number");
         }
@@ -532,7 +534,7 @@ impl Reconciler {
         revision: &StorageRevision,
     ) -> Result<(), Error> {
         self.pause_at_step(Step::BeforeDeleteStorage).await;
-        match storage::delete_revision(client, revision).await {
+        match delete_revision(client, revision).await {
             Ok(()) => {}
             // Already gone: whoever deleted it did what we meant to.
             Err(err) if is_api_code(&err, 404) => {}
@@ -743,14 +745,14 @@ impl Reconciler {
             }
         };
         let location = StorageLocation::of(&release);
-        let secrets = storage::list_storage(&storage_client, &location)
+        let secrets = list_storage(&storage_client, &location)
             .await
             .map_err(|source| Error::ListStorage {
                 key: release.key(),
                 namespace: location.namespace.clone(),
                 source,
             })?;
-        let (revisions, ignored) = storage::parse_revisions(&secrets, &location);
+        let (revisions, ignored) = parse_revisions(&secrets, &location);
         for secret in &ignored {
             tracing::warn!(release = %release.key(), secret = %secret.name, why = %secret.why, "ignoring a Secret that is not a well-formed Helm storage revision");
         }

@@ -10,7 +10,7 @@ use kube::api::Api;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
 
-use crate::release::ReleaseView;
+use crate::release::view::ReleaseView;
 
 /// The kubeconfig in a Secret, found as helm-controller finds it: the key
 /// named by the reference, else `value`, else `value.yaml`.
@@ -88,7 +88,7 @@ pub async fn storage_client(local: &Client, release: &ReleaseView) -> Result<Cli
 /// A client from the kubeconfig in `secret`, or why it cannot be used.
 async fn usable_client(
     release: &ReleaseView,
-    reference: &crate::release::KubeConfigSecretRef,
+    reference: &crate::release::view::KubeConfigSecretRef,
     secret: Secret,
 ) -> Result<Client, String> {
     let data = secret.data.unwrap_or_default();

@@ -6,7 +6,7 @@
 use kube::api::{ApiResource, ListParams};
 use kube::{Api, Client, Resource};
 
-use crate::release::helmrelease_resource;
+use crate::release::view::helmrelease_resource;
 
 /// Namespaces (none: every namespace) and a label selector.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -169,6 +169,15 @@ impl Default for Timings {
     }
 }
 
+/// Written as the one value every duration derives from, the grace period
+/// in whole seconds, as the flag and the chart take it (so that
+/// [`Timings::parse_grace_period`] reads it back).
+impl std::fmt::Display for Timings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.grace_period.as_secs())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -285,5 +294,14 @@ mod tests {
             Timings::parse_grace_period("120").unwrap().drain_deadline,
             Duration::from_secs(95)
         );
+    }
+
+    #[test]
+    fn timings_are_written_as_the_grace_period_they_are_read_from() {
+        assert_eq!(Timings::default().to_string(), "90");
+        for g in MIN_GRACE_PERIOD_SECONDS..=MAX_GRACE_PERIOD_SECONDS {
+            let t = Timings::from_grace_period(g).unwrap();
+            assert_eq!(Timings::parse_grace_period(&t.to_string()), Ok(t));
+        }
     }
 }

@@ -1,5 +1,5 @@
-//! Randomized interleavings (issue #10): many seeded runs of "a stuck release
-//! is being recovered while it is deleted", against the real apiserver.
+//! Randomized interleavings: many seeded runs of "a stuck release is being
+//! recovered while it is deleted", against the real apiserver.
 //!
 //! Each run has its own namespace and draws everything from its seed: random
 //! delays at every recovery step of an in-process `Reconciler` (through its
@@ -19,7 +19,7 @@
 //!   while flux-plunger held nothing of it (before it took hold, or after it
 //!   let go) is counted, not judged: helm-controller has cleared the stuck
 //!   release's history, so its own deletion path uninstalls nothing, with
-//!   flux-plunger or without (issue #13 item 2; README "Known limits");
+//!   flux-plunger or without (docs/helm-controller.md, "Known limits");
 //! - a release suspended by another manager, then deleted, kept its resources;
 //! - nothing is left Terminating once helm-controller has answered;
 //! - a live, settled release carries no suspension or fence of ours;

@@ -16,7 +16,7 @@ use plunger::names::{
     HELMRELEASE_API_VERSION, HELMRELEASE_KIND, PROCESSED_VERSION_ANNOTATION,
 };
 use plunger::reconcile::{Outcome, Reconciler, Step, TestHooks};
-use plunger::release::ReleaseView;
+use plunger::release::view::ReleaseView;
 use plunger::timings::Timings;
 use serde_json::{Value, json};
 use testkit::audit::AuditedRequest;
@@ -1007,7 +1007,7 @@ async fn a_status_helm_controller_wrote_after_our_read_is_never_overwritten_by_t
     let ns = w.ns.name.clone();
     let client = w.client.clone();
     let reconciler = w.reconciler_pausing(Step::BeforeHistoryWrite, move || {
-        let releases = plunger::release::helmreleases(client.clone(), &ns);
+        let releases = plunger::release::api::helmreleases(client.clone(), &ns);
         async move {
             releases
                 .patch_status(
@@ -1252,7 +1252,8 @@ async fn a_fence_an_older_flux_plunger_set_on_a_deleted_release_gets_its_label_a
     w.delete("web").await?;
     let listed = || async {
         let fenced =
-            plunger::drain::list_fenced(&w.client, &plunger::scope::Scope::default()).await?;
+            plunger::release::api::list_fenced(&w.client, &plunger::scope::Scope::default())
+                .await?;
         anyhow::Ok(fenced.iter().any(|r| r.namespace == w.ns.name))
     };
     assert!(
@@ -1759,7 +1760,7 @@ async fn a_release_name_past_53_characters_is_shortened_as_helm_controller_does(
     let w = world("identity-long").await?;
     let target = "t".repeat(20);
     let name = "a-release-with-a-rather-long-name-indeed";
-    let helm_name = plunger::storage::shorten_release_name(&format!("{target}-{name}"));
+    let helm_name = plunger::storage::view::shorten_release_name(&format!("{target}-{name}"));
     assert_eq!(helm_name.len(), 53);
     stuck_elsewhere(
         &w,

@@ -10,11 +10,11 @@ use plunger::names::{
     FENCE_FINALIZER, FIELD_MANAGER, HELM_CONTROLLER_FINALIZER, HELMRELEASE_API_VERSION,
     HELMRELEASE_KIND,
 };
-use plunger::release::ReleaseView;
+use plunger::release::view::ReleaseView;
 use plunger::scope::Scope;
-use plunger::sweep::{
-    Budget, HookConfig, NotReleased, Refusals, Released, Uninstall, release_with_retry, run_hook,
-};
+use plunger::sweep::hook::{HookConfig, run_hook};
+use plunger::sweep::plan::Budget;
+use plunger::sweep::{NotReleased, Refusals, Released, Uninstall, release_with_retry};
 use serde_json::json;
 use testkit::{TestNamespace, audit, control_plane};
 
@@ -192,7 +192,7 @@ async fn the_cluster_wide_listing_follows_every_page() -> Result<()> {
     // here rather than hanging the suite.
     let mut listed = tokio::time::timeout(
         Duration::from_secs(30),
-        plunger::release::list_in_pages(&ns.client, &Scope::default(), 2, |release| {
+        plunger::release::api::list_in_pages(&ns.client, &Scope::default(), 2, |release| {
             (release.namespace == ns.name).then_some(release.name)
         }),
     )
@@ -300,12 +300,13 @@ async fn the_hook_finds_labelled_fences_and_older_unlabelled_ones_and_releases_t
     held(&ns, "older", true).await?;
     ns.create_release("free", json!({})).await?;
 
-    let mut found: Vec<String> = plunger::sweep::list_every_fence(&ns.client, &Scope::default())
-        .await?
-        .into_iter()
-        .filter(|r| r.namespace == ns.name)
-        .map(|r| r.name)
-        .collect();
+    let mut found: Vec<String> =
+        plunger::release::api::list_every_fence(&ns.client, &Scope::default())
+            .await?
+            .into_iter()
+            .filter(|r| r.namespace == ns.name)
+            .map(|r| r.name)
+            .collect();
     found.sort();
     assert_eq!(found, ["labelled", "older"]);
 

@@ -397,7 +397,7 @@ pub async fn still_held(ns: &TestNamespace) -> Result<Vec<String>> {
         .items
         .iter()
         .filter(|object| {
-            let view = plunger::release::ReleaseView::from_object(object);
+            let view = plunger::release::view::ReleaseView::from_object(object);
             view.has_fence() || view.suspend
         })
         .filter_map(|object| object.metadata.name.clone())
@@ -443,7 +443,7 @@ pub async fn wait_until_refused(
     let as_controller = plane
         .service_account_client(&on.ns().client, &on.ns().name, &on.fullname)
         .await?;
-    let releases = plunger::release::helmreleases(as_controller, &fences.name);
+    let releases = plunger::release::api::helmreleases(as_controller, &fences.name);
     // A write the guard lets the controller make (the release is live and
     // unsuspended: this changes nothing), so only the refusal can refuse it.
     let probe = serde_json::json!({"spec": {"suspend": false}});

@@ -1,6 +1,6 @@
-//! Crash at every step (issue #10): hold a test build of a binary at a fail
-//! point, SIGKILL it there, and check the invariants once a restarted binary
-//! (or a second run) has settled things.
+//! Crash at every step: hold a test build of a binary at a fail point,
+//! SIGKILL it there, and check the invariants once a restarted binary (or a
+//! second run) has settled things.
 //!
 //! The fail points and their environment are described in
 //! `plunger::test_hooks`. A SIGKILL while the process waits at a point is a
@@ -10,7 +10,7 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use plunger::release::ReleaseView;
+use plunger::release::view::ReleaseView;
 
 use crate::{Handled, SimulatedHelmController, TestNamespace};
 

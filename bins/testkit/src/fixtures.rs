@@ -10,7 +10,8 @@ use k8s_openapi::api::core::v1::{Namespace, Secret};
 use kube::Client;
 use kube::api::{Api, DynamicObject, ObjectMeta, Patch, PatchParams, PostParams};
 use plunger::names;
-use plunger::release::{ReleaseView, helmreleases};
+use plunger::release::api::helmreleases;
+use plunger::release::view::ReleaseView;
 use serde_json::{Value, json};
 
 /// A namespace created for one test. Never deleted: no namespace controller

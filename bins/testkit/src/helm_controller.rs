@@ -32,7 +32,8 @@ use plunger::names::{
     HELM_CONTROLLER_FINALIZER, RECONCILE_REQUESTED_AT_ANNOTATION, RELEASED_CONDITION,
     UNINSTALL_SUCCEEDED_REASON,
 };
-use plunger::release::{ReleaseView, helmreleases};
+use plunger::release::api::helmreleases;
+use plunger::release::view::ReleaseView;
 use serde_json::{Value, json};
 
 /// What one pass did.

@@ -8,7 +8,7 @@ use plunger::names::{
     FENCE_FINALIZER, FENCE_LABEL, FENCE_LABEL_VALUE, FIELD_MANAGER, HELMRELEASE_API_VERSION,
     HELMRELEASE_KIND,
 };
-use plunger::release::ReleaseView;
+use plunger::release::view::ReleaseView;
 use serde_json::{Value, json};
 use testkit::{TestNamespace, control_plane};
 

@@ -5,7 +5,7 @@ use std::collections::BTreeSet;
 use anyhow::Result;
 use kube::api::DynamicObject;
 use plunger::names::FIELD_MANAGER;
-use plunger::release::ReleaseView;
+use plunger::release::view::ReleaseView;
 use testkit::{Handled, SimulatedHelmController, TestNamespace};
 
 use super::NAME;

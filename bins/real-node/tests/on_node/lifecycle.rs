@@ -9,7 +9,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::api::{ListParams, LogParams};
 use plunger::names::FENCE_FINALIZER;
-use plunger::release::ReleaseView;
+use plunger::release::view::ReleaseView;
 use real_node::{CONTROLLER, DRAIN, OnNode, container_status, http_get, name_of};
 use testkit::node::NODE_NAME;
 use testkit::{TestNamespace, eventually};

@@ -1,27 +1,16 @@
-//! Helm's release storage: where a release's Secrets are, which of them are
-//! well-formed revisions, and deleting one.
-//!
-//! Always read from the apiserver (a plain LIST is a consistent read), never a
-//! watch cache: a lagging cache would let the processed guard delete the
-//! revision below the one just reclaimed. flux-plunger does not watch Secrets.
-//!
-//! Storage is listed as metadata only (a `PartialObjectMetadataList`): a
-//! revision's payload (gzip'd manifests, up to about 1 MiB, for every revision
-//! kept) is not needed to find or delete one, and a payload not read is one
-//! neither held nor sent over the wire. The one payload read is the snapshot
-//! the uninstall hand-over needs.
+//! Helm's release storage as read from a listing: where a release's Secrets
+//! are, and which of them are well-formed revisions. No request is made here.
 
 use k8s_openapi::api::core::v1::Secret;
-use kube::api::{Api, DeleteParams, ListParams, PartialObjectMeta, Preconditions};
-use kube::{Client, ResourceExt};
+use kube::ResourceExt;
+use kube::api::PartialObjectMeta;
 use sha2::{Digest, Sha256};
 
-use crate::history::HistorySnapshot;
 use crate::names::{
-    HELM_STORAGE_NAME_LABEL, HELM_STORAGE_OWNER_LABEL, HELM_STORAGE_SECRET_TYPE,
-    HELM_STORAGE_STATUS_LABEL, HELM_STORAGE_VERSION_LABEL, storage_secret_name,
+    HELM_STORAGE_NAME_LABEL, HELM_STORAGE_OWNER_LABEL, HELM_STORAGE_STATUS_LABEL,
+    HELM_STORAGE_VERSION_LABEL, storage_secret_name,
 };
-use crate::release::ReleaseView;
+use crate::release::view::ReleaseView;
 
 /// Where helm-controller keeps a release's storage Secrets.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -103,7 +92,7 @@ pub type ListedSecret = PartialObjectMeta<Secret>;
 /// Sorts listed Secrets into well-formed revisions of `location` and the rest.
 /// Only a Secret whose type, labels and name all agree is a revision: a
 /// contradiction means something else wrote it, and we never delete it. The
-/// type is not in a metadata list: `list_storage` asks the apiserver for
+/// type is not in a metadata list: [`list_storage`](super::api::list_storage) asks the apiserver for
 /// Helm's storage type alone, so a Secret of another type never comes here.
 pub fn parse_revisions(
     secrets: &[ListedSecret],
@@ -157,64 +146,6 @@ fn parse_revision(
         uid: secret.uid().unwrap_or_default(),
         resource_version: secret.resource_version().unwrap_or_default(),
     })
-}
-
-/// Lists the storage Secrets of `location` from the apiserver, as metadata:
-/// only Secrets of Helm's storage type, with the labels of this release. The
-/// type must be selected here, for a metadata list does not carry it.
-pub async fn list_storage(
-    client: &Client,
-    location: &StorageLocation,
-) -> kube::Result<Vec<ListedSecret>> {
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), &location.namespace);
-    Ok(secrets
-        .list_metadata(&storage_list_params(location))
-        .await?
-        .items)
-}
-
-fn storage_list_params(location: &StorageLocation) -> ListParams {
-    let labels = format!(
-        "{HELM_STORAGE_OWNER_LABEL}=helm,{HELM_STORAGE_NAME_LABEL}={}",
-        location.release_name
-    );
-    ListParams::default()
-        .labels(&labels)
-        .fields(&format!("type={HELM_STORAGE_SECRET_TYPE}"))
-}
-
-/// Reads one revision's payload and makes helm-controller's history entry of
-/// it; the inner error says why the payload is not a readable release.
-pub async fn read_snapshot(
-    client: &Client,
-    revision: &StorageRevision,
-    release_name: &str,
-) -> kube::Result<Result<HistorySnapshot, String>> {
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), &revision.namespace);
-    let secret = secrets.get(&revision.name).await?;
-    let Some(payload) = secret.data.as_ref().and_then(|d| d.get("release")) else {
-        return Ok(Err("the Secret holds no release".to_owned()));
-    };
-    Ok(HistorySnapshot::from_payload(
-        &payload.0,
-        release_name,
-        revision.revision,
-    ))
-}
-
-/// Deletes exactly the revision that was listed: the uid and resourceVersion
-/// preconditions refuse a Secret re-created or rewritten since.
-pub async fn delete_revision(client: &Client, revision: &StorageRevision) -> kube::Result<()> {
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), &revision.namespace);
-    let params = DeleteParams {
-        preconditions: Some(Preconditions {
-            uid: Some(revision.uid.clone()),
-            resource_version: Some(revision.resource_version.clone()),
-        }),
-        ..DeleteParams::default()
-    };
-    secrets.delete(&revision.name, &params).await?;
-    Ok(())
 }
 
 #[cfg(test)]
@@ -314,21 +245,6 @@ mod tests {
         let (revisions, ignored) = parse_revisions(&odd, &location());
         assert!(revisions.is_empty(), "{revisions:?}");
         assert_eq!(ignored.len(), odd.len());
-    }
-
-    #[test]
-    fn storage_is_listed_by_type_and_labels() {
-        // A metadata list does not carry the type: a Secret of another type
-        // must not be listed at all.
-        let params = storage_list_params(&location());
-        assert_eq!(
-            params.field_selector.as_deref(),
-            Some("type=helm.sh/release.v1")
-        );
-        assert_eq!(
-            params.label_selector.as_deref(),
-            Some("owner=helm,name=web")
-        );
     }
 
     #[test]

@@ -1,4 +1,5 @@
-//! A typed, lenient view of the HelmRelease fields flux-plunger decides on.
+//! A typed, lenient view of the HelmRelease fields flux-plunger decides on,
+//! and the API resource a dynamic client names. No request is made here.
 //!
 //! The view is built from a `DynamicObject` field by field: a malformed field
 //! (a status written by a buggy tool, an unknown condition shape) becomes
@@ -18,7 +19,6 @@ use crate::names::{
     RECONCILE_REQUESTED_AT_ANNOTATION, RELEASED_CONDITION, STUCK_MESSAGE,
     UNINSTALL_SUCCEEDED_REASON,
 };
-use crate::scope::Scope;
 
 /// The processed-revision annotation as read from a release (SPEC §4.7).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -397,100 +397,6 @@ pub fn helmrelease_resource() -> kube::api::ApiResource {
         kind: crate::names::HELMRELEASE_KIND.to_owned(),
         plural: crate::names::HELMRELEASE_PLURAL.to_owned(),
     }
-}
-
-/// HelmReleases of one namespace.
-pub fn helmreleases(client: kube::Client, namespace: &str) -> kube::Api<DynamicObject> {
-    kube::Api::namespaced_with(client, namespace, &helmrelease_resource())
-}
-
-/// How many HelmReleases one listing request asks for.
-pub const LIST_PAGE_SIZE: u32 = 500;
-
-/// Every HelmRelease in `scope`, read from the apiserver page by page
-/// (memory stays bounded with many releases), each turned into a view and
-/// kept when `keep` returns something.
-pub async fn list_all<T>(
-    client: &kube::Client,
-    scope: &Scope,
-    keep: impl FnMut(ReleaseView) -> Option<T>,
-) -> kube::Result<Vec<T>> {
-    list_in_pages(client, scope, LIST_PAGE_SIZE, keep).await
-}
-
-/// The HelmReleases in `scope` carrying the fence's label (selected by the
-/// apiserver), each turned into a view and kept when `keep` returns
-/// something.
-pub async fn list_labelled_fences<T>(
-    client: &kube::Client,
-    scope: &Scope,
-    keep: impl FnMut(ReleaseView) -> Option<T>,
-) -> kube::Result<Vec<T>> {
-    list_in_pages(client, &scope.narrowed(FENCE_LABEL), LIST_PAGE_SIZE, keep).await
-}
-
-/// [`list_all`] with pages of `page_size` releases (tests use small pages).
-pub async fn list_in_pages<T>(
-    client: &kube::Client,
-    scope: &Scope,
-    page_size: u32,
-    mut keep: impl FnMut(ReleaseView) -> Option<T>,
-) -> kube::Result<Vec<T>> {
-    let mut kept = Vec::new();
-    for api in scope.apis::<DynamicObject>(client) {
-        let mut params = scope.list_params(page_size);
-        loop {
-            let page = api.list(&params).await?;
-            kept.extend(
-                page.items
-                    .iter()
-                    .map(ReleaseView::from_object)
-                    .filter_map(&mut keep),
-            );
-            // The last page carries an empty (or no) `continue`: following an
-            // empty token would list from the start again, forever.
-            match page.metadata.continue_ {
-                Some(token) if !token.is_empty() => params = params.continue_token(&token),
-                _ => break,
-            }
-        }
-    }
-    Ok(kept)
-}
-
-/// `namespace/name` of the HelmReleases in `scope` that carry the fence
-/// without its label (fenced by an older flux-plunger), found by reading only
-/// the metadata of the releases without the label, page by page.
-pub async fn list_unlabelled_fences(
-    client: &kube::Client,
-    scope: &Scope,
-) -> kube::Result<Vec<(String, String)>> {
-    let mut found = Vec::new();
-    let unlabelled = scope.narrowed(&format!("!{FENCE_LABEL}"));
-    for api in unlabelled.apis::<DynamicObject>(client) {
-        let mut params = unlabelled.list_params(LIST_PAGE_SIZE);
-        loop {
-            let page = api.list_metadata(&params).await?;
-            found.extend(page.items.into_iter().filter_map(|item| {
-                let meta = item.metadata;
-                meta.finalizers
-                    .as_ref()?
-                    .iter()
-                    .any(|f| f == FENCE_FINALIZER)
-                    .then(|| {
-                        (
-                            meta.namespace.unwrap_or_default(),
-                            meta.name.unwrap_or_default(),
-                        )
-                    })
-            }));
-            match page.metadata.continue_ {
-                Some(token) if !token.is_empty() => params = params.continue_token(&token),
-                _ => break,
-            }
-        }
-    }
-    Ok(found)
 }
 
 #[cfg(test)]
