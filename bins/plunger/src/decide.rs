@@ -6,38 +6,9 @@
 use std::time::Duration;
 
 use crate::history::HistorySnapshot;
-use crate::names::reasons;
+use crate::notices::{self, AfterRecovery, EventSpec};
 use crate::release::view::{ProcessedVersion, ReleaseView};
 use crate::storage::view::StorageRevision;
-
-/// An event to record on the release.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct EventSpec {
-    pub warning: bool,
-    pub reason: &'static str,
-    pub action: &'static str,
-    pub note: String,
-}
-
-impl EventSpec {
-    fn normal(reason: &'static str, action: &'static str, note: String) -> Self {
-        Self {
-            warning: false,
-            reason,
-            action,
-            note,
-        }
-    }
-
-    fn warning(reason: &'static str, action: &'static str, note: String) -> Self {
-        Self {
-            warning: true,
-            reason,
-            action,
-            note,
-        }
-    }
-}
 
 /// The next step for a release, decided from one fresh read.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -194,7 +165,7 @@ fn decide_from(release: &ReleaseView, storage: Option<&StorageFacts>, clock: &Cl
                 keep_fence: holds_fence,
             };
         }
-        let event = suspension_not_owned(release);
+        let event = notices::suspension_not_owned(release);
         return if release.has_fence() {
             Decision::DropFence { event: Some(event) }
         } else {
@@ -247,23 +218,7 @@ fn decide_terminating(
         // uninstall (migrations do this on purpose). Unless we recovered this
         // release before: then the suspension is most likely one an older
         // flux-plunger left behind, and the skipped uninstall an accident.
-        let accident = release.carries_processed_annotation();
-        let note = if accident {
-            format!(
-                "{} is being deleted while suspended by another manager; helm-controller will skip the Helm uninstall. It carries flux-plunger's processed-revision annotation, so the suspension may have been left by an older flux-plunger: check that the release's resources are meant to stay",
-                release.key()
-            )
-        } else {
-            format!(
-                "{} is being deleted while suspended by another manager; helm-controller will skip the Helm uninstall, as that manager intended",
-                release.key()
-            )
-        };
-        let event = if accident {
-            EventSpec::warning(reasons::TERMINATING_WHILE_SUSPENDED, "ReleaseFence", note)
-        } else {
-            EventSpec::normal(reasons::TERMINATING_WHILE_SUSPENDED, "ReleaseFence", note)
-        };
+        let event = notices::terminating_while_suspended(release);
         return if release.has_fence() {
             Decision::DropFence { event: Some(event) }
         } else {
@@ -359,19 +314,7 @@ fn hand_over(
         }
         None => return Err(format!("revision {} was not read", target.revision)),
     };
-    let event = EventSpec::normal(
-        reasons::UNINSTALL_HANDED_OVER,
-        "HandOverUninstall",
-        format!(
-            "{} is being deleted while helm-controller's status no longer names its Helm release: flux-plunger wrote revision {} ({}, status {:?}, from storage Secret {}/{}) to status.history so that helm-controller's uninstall removes what it installed",
-            release.key(),
-            snapshot.version,
-            snapshot.full_name(),
-            snapshot.status,
-            target.namespace,
-            target.name,
-        ),
-    );
+    let event = notices::uninstall_handed_over(release, &snapshot, target);
     Ok(Decision::HandOver {
         snapshot,
         storage_namespace: release
@@ -387,14 +330,7 @@ fn hand_over(
 /// what is left.
 fn let_go(release: &ReleaseView, why: &str, left: &str) -> Decision {
     Decision::LetGo {
-        event: EventSpec::warning(
-            reasons::RELEASED_WITHOUT_UNINSTALL,
-            "ReleaseFence",
-            format!(
-                "flux-plunger lets the delete of {} go without a Helm uninstall: {why}. Left behind: {left}",
-                release.key()
-            ),
-        ),
+        event: notices::released_without_uninstall(release, why, left),
     }
 }
 
@@ -418,46 +354,12 @@ fn hold(release: &ReleaseView, clock: &Clock) -> Decision {
     let warned_recently = clock
         .since_last_fence_warning
         .is_some_and(|since| since < clock.fence_recheck_interval);
-    let event = (held_long && !warned_recently).then(|| {
-        EventSpec::warning(
-            reasons::UNINSTALL_FENCE_HELD,
-            "HoldFence",
-            format!(
-                "the delete of {} has been held by flux-plunger's uninstall fence for {}: helm-controller has not finished its uninstall (its finalizer is {}, observed generation {:?} of {:?})",
-                release.key(),
-                humanize(clock.terminating_for.unwrap_or_default()),
-                if release.has_helm_controller_finalizer() { "still present" } else { "gone" },
-                release.observed_generation,
-                release.generation,
-            ),
-        )
-    });
+    let event = (held_long && !warned_recently)
+        .then(|| notices::uninstall_fence_held(release, clock.terminating_for.unwrap_or_default()));
     Decision::HoldFence {
         recheck: clock.fence_recheck_interval,
         event,
         label_fence: !release.fence_labelled,
-    }
-}
-
-fn suspension_not_owned(release: &ReleaseView) -> EventSpec {
-    if release.carries_processed_annotation() {
-        EventSpec::warning(
-            reasons::SUSPENSION_NOT_OWNED,
-            "Skip",
-            format!(
-                "{} is suspended by another manager and left alone. flux-plunger has recovered it before, so this may be a suspension an older flux-plunger left mid-recovery: resume it by hand (flux resume helmrelease) once nothing else holds it",
-                release.key()
-            ),
-        )
-    } else {
-        EventSpec::normal(
-            reasons::SUSPENSION_NOT_OWNED,
-            "Skip",
-            format!(
-                "{} is suspended by another manager; flux-plunger leaves it alone",
-                release.key()
-            ),
-        )
     }
 }
 
@@ -584,19 +486,6 @@ pub fn still_held(release: &ReleaseView, uid: &str) -> bool {
     release.uid == uid && !release.terminating && release.suspended_by_us() && release.has_fence()
 }
 
-/// How a recovery's final lift left the release.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum AfterRecovery {
-    /// Live and unsuspended: helm-controller upgrades it again.
-    Free,
-    /// Live, and still suspended by another manager who co-owned the
-    /// suspension: helm-controller upgrades it once that one is lifted.
-    SuspendedByOther,
-    /// A delete came before the final lift. `fenced`: our fence holds it
-    /// until helm-controller has uninstalled it, to be re-checked on a timer.
-    BeingDeleted { fenced: bool },
-}
-
 /// Classifies the release as the recovery's last write left it (`None`:
 /// gone).
 pub fn after_recovery(last_seen: Option<&ReleaseView>) -> AfterRecovery {
@@ -608,35 +497,6 @@ pub fn after_recovery(last_seen: Option<&ReleaseView>) -> AfterRecovery {
         Some(release) if release.suspend => AfterRecovery::SuspendedByOther,
         Some(_) => AfterRecovery::Free,
     }
-}
-
-/// The `Recovered` event: which revision was reclaimed, and what is true of
-/// the release now.
-pub fn recovered_event(
-    release: &ReleaseView,
-    target: &StorageRevision,
-    after: AfterRecovery,
-) -> EventSpec {
-    let reclaimed = format!(
-        "reclaimed Helm storage revision {} ({}, status {:?}) of {}",
-        target.revision,
-        target.name,
-        target.status,
-        release.key()
-    );
-    let now = match after {
-        AfterRecovery::Free => "helm-controller can upgrade again".to_owned(),
-        AfterRecovery::SuspendedByOther => {
-            "it stays suspended by another manager, who also suspended it meanwhile: helm-controller upgrades it once that suspension is lifted".to_owned()
-        }
-        AfterRecovery::BeingDeleted { fenced: true } => {
-            "it was deleted meanwhile: the uninstall fence holds it until helm-controller has uninstalled it".to_owned()
-        }
-        AfterRecovery::BeingDeleted { fenced: false } => {
-            "it was deleted meanwhile and holds nothing of flux-plunger's".to_owned()
-        }
-    };
-    EventSpec::normal(reasons::RECOVERED, "Recover", format!("{reclaimed}: {now}"))
 }
 
 /// What a guarded JSON patch must write to let go of our hold on a release.
@@ -698,16 +558,6 @@ pub fn is_of_interest(release: &ReleaseView) -> bool {
         || release.suspended_by_us()
         || release.has_fence()
         || (release.suspend && release.terminating)
-}
-
-/// Short, human text for a duration, e.g. "12m 5s".
-fn humanize(d: Duration) -> String {
-    let secs = d.as_secs();
-    if secs >= 60 {
-        format!("{}m {}s", secs / 60, secs % 60)
-    } else {
-        format!("{secs}s")
-    }
 }
 
 #[cfg(test)]

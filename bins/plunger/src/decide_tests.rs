@@ -996,7 +996,7 @@ fn letting_go_without_an_apply_lifts_only_a_suspension_we_alone_hold() {
 #[test]
 fn a_recovery_says_what_is_true_of_the_release_after_its_final_lift() {
     let target = revision(2, "uninstalling");
-    let note = |after| recovered_event(&release(), &target, after).note;
+    let note = |after| crate::notices::recovered(&release(), &target, after).note;
     assert_eq!(after_recovery(Some(&release())), AfterRecovery::Free);
     assert!(note(AfterRecovery::Free).ends_with("helm-controller can upgrade again"));
     let co_owned = suspended_by(release(), "migration", "Apply");
@@ -1026,7 +1026,7 @@ fn a_recovery_says_what_is_true_of_the_release_after_its_final_lift() {
         AfterRecovery::BeingDeleted { fenced: true },
         AfterRecovery::BeingDeleted { fenced: false },
     ] {
-        let event = recovered_event(&release(), &target, after);
+        let event = crate::notices::recovered(&release(), &target, after);
         assert_eq!((event.reason, event.warning), ("Recovered", false));
         assert!(event.note.starts_with("reclaimed Helm storage revision 2"));
     }

@@ -7,8 +7,8 @@ use k8s_openapi::api::core::v1::ObjectReference;
 use kube::Client;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 
-use crate::decide::EventSpec;
 use crate::names::{HELMRELEASE_API_VERSION, HELMRELEASE_KIND};
+use crate::notices::EventSpec;
 use crate::release::view::ReleaseView;
 
 /// Records events as one reporting component (`flux-plunger`, or the drain).

@@ -13,6 +13,7 @@ pub mod events;
 pub mod history;
 pub mod lease;
 pub mod names;
+pub mod notices;
 pub mod notify;
 pub mod ratelimit;
 pub mod reconcile;

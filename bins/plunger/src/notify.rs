@@ -11,8 +11,8 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use serde_json::{Value, json};
 
-use crate::decide::EventSpec;
 use crate::names::{HELMRELEASE_API_VERSION, HELMRELEASE_KIND};
+use crate::notices::EventSpec;
 use crate::release::view::ReleaseView;
 
 /// How long one post may take before it is given up (logged, not retried).

@@ -12,14 +12,15 @@ use kube::api::DynamicObject;
 
 use crate::apply::{self, Claim};
 use crate::decide::{
-    self, AfterHandOver, AfterRecovery, Clock, Decision, EventSpec, MayAcquire, RecoveryPlan,
-    SkipReason, StorageFacts, UninstallTarget, may_take_suspension, plan_recovery,
+    self, AfterHandOver, Clock, Decision, MayAcquire, RecoveryPlan, SkipReason, StorageFacts,
+    UninstallTarget, may_take_suspension, plan_recovery,
 };
 use crate::error::{
-    Error, is_api_code, is_failed_guard, is_field_manager_conflict, is_stale_write,
+    Error, describe, is_api_code, is_failed_guard, is_field_manager_conflict, is_stale_write,
 };
 use crate::events::Events;
-use crate::names::{PATCH_FIELD_MANAGER, reasons};
+use crate::names::PATCH_FIELD_MANAGER;
+use crate::notices::{self, AfterRecovery};
 use crate::release::api::helmreleases;
 use crate::release::view::{ProcessedVersion, ReleaseView};
 use crate::remote::RemoteError;
@@ -589,16 +590,7 @@ impl Reconciler {
                 if fence_left && !is_retried_quietly(&source) {
                     self.warn_fence_left(release, &source).await;
                 } else if !is_retried_quietly(&source) {
-                    let event = EventSpec {
-                        warning: true,
-                        reason: reasons::UNSUSPEND_FAILED,
-                        action: "Unsuspend",
-                        note: format!(
-                            "flux-plunger holds a suspension of {} it could not lift: {}; it will retry",
-                            release.key(),
-                            crate::error::describe(&source)
-                        ),
-                    };
+                    let event = notices::unsuspend_failed(release, &describe(&source));
                     self.events.record(release, &event).await;
                 }
                 Err(Error::Lift {
@@ -678,17 +670,7 @@ impl Reconciler {
     /// Warns that a fence could not be removed: its release cannot go (or,
     /// live, is held by nothing flux-plunger does) until it is.
     async fn warn_fence_left(&self, release: &ReleaseView, source: &kube::Error) {
-        let event = EventSpec {
-            warning: true,
-            reason: reasons::FENCE_REMOVAL_FAILED,
-            action: "ReleaseFence",
-            note: format!(
-                "flux-plunger could not remove its uninstall fence from {}: {}; it will retry (by hand: flux-plunger-sweep release {})",
-                release.key(),
-                crate::error::describe(source),
-                release.key()
-            ),
-        };
+        let event = notices::fence_removal_failed(release, &describe(source));
         self.events.record(release, &event).await;
     }
 
@@ -713,16 +695,7 @@ impl Reconciler {
                 });
             }
             Err(RemoteError::Missing(source)) => {
-                let event = EventSpec {
-                    warning: true,
-                    reason: reasons::REMOTE_CLUSTER_UNUSABLE,
-                    action: "Recover",
-                    note: format!(
-                        "{} is stuck in a remote cluster whose kubeconfig Secret does not exist ({}); flux-plunger retries",
-                        release.key(),
-                        crate::error::describe(&source)
-                    ),
-                };
+                let event = notices::remote_kubeconfig_missing(&release, &describe(&source));
                 self.events.record(&release, &event).await;
                 return Err(Error::ReadKubeconfig {
                     key: release.key(),
@@ -730,15 +703,7 @@ impl Reconciler {
                 });
             }
             Err(RemoteError::Unusable(why)) => {
-                let event = EventSpec {
-                    warning: true,
-                    reason: reasons::REMOTE_CLUSTER_UNUSABLE,
-                    action: "Recover",
-                    note: format!(
-                        "{} is stuck in a remote cluster flux-plunger cannot use: {why}",
-                        release.key()
-                    ),
-                };
+                let event = notices::remote_cluster_unusable(&release, &why);
                 self.events.record(&release, &event).await;
                 self.give_up_waiting(&release).await?;
                 return Ok(Outcome::Skipped(SkipReason::RemoteClusterUnusable { why }).into());
@@ -774,12 +739,7 @@ impl Reconciler {
                 target.name,
                 target.status
             );
-            let event = EventSpec {
-                warning: false,
-                reason: reasons::RECOVERY_DRY_RUN,
-                action: "Recover",
-                note: format!("dry run: flux-plunger would {would}"),
-            };
+            let event = notices::recovery_dry_run(&would);
             self.events.record(&release, &event).await;
             return Ok(Outcome::DryRun { would }.into());
         }
@@ -799,15 +759,7 @@ impl Reconciler {
                 return Ok(Outcome::Skipped(SkipReason::NoLongerStuck).into());
             }
             Acquisition::NotOurs => {
-                let event = EventSpec {
-                    warning: false,
-                    reason: reasons::RECOVERY_DEFERRED,
-                    action: "Suspend",
-                    note: format!(
-                        "{} changed while flux-plunger was about to recover it (suspended, deleted or written meanwhile); recovery waits for its next change",
-                        release.key()
-                    ),
-                };
+                let event = notices::recovery_deferred(&release);
                 self.events.record(&release, &event).await;
                 return Ok(Outcome::Deferred.into());
             }
@@ -949,7 +901,7 @@ impl Reconciler {
         let last_seen = self.finish(release.clone()).await?;
         let after = decide::after_recovery(last_seen.as_ref());
         self.events
-            .record(&release, &decide::recovered_event(&release, target, after))
+            .record(&release, &notices::recovered(&release, target, after))
             .await;
         let outcome = match after {
             AfterRecovery::BeingDeleted { fenced: true } => Outcome::RecoveredThenDeleted {
