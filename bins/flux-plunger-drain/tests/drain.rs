@@ -115,16 +115,7 @@ async fn a_drain_releases_live_fences_and_leaves_foreign_suspensions_alone() -> 
     installed(&ns, &hc, "bare-fence").await?;
     ns.apply_as_flux_plunger("bare-fence", false).await?;
     installed(&ns, &hc, "foreign").await?;
-    let params = PatchParams {
-        field_manager: Some("kubectl-patch".into()),
-        ..Default::default()
-    };
-    ns.releases()
-        .patch(
-            "foreign",
-            &params,
-            &Patch::Merge(json!({"spec": {"suspend": true}})),
-        )
+    ns.update_suspend_as("foreign", "kubectl-patch", true)
         .await?;
     ns.apply_as_flux_plunger("foreign", false).await?;
     lead(&ns, POD).await?;

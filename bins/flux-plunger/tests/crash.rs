@@ -165,7 +165,7 @@ async fn crash_at(case: &Case) -> Result<()> {
                     &Patch::Apply(fence),
                 )
                 .await?;
-            update_suspend_as(&ns, "migration", true).await?;
+            ns.update_suspend_as(RELEASE, "migration", true).await?;
             if case.scenario == ForeignSuspensionDeleted {
                 ns.releases().delete(RELEASE, &Default::default()).await?;
             }
@@ -191,7 +191,7 @@ async fn crash_at(case: &Case) -> Result<()> {
             ns.create_storage_secret(RELEASE, 2, "uninstalling").await?;
             if case.scenario == ForcedRecovery {
                 // An Update owning `false`: the unforced acquire conflicts.
-                update_suspend_as(&ns, "velero", false).await?;
+                ns.update_suspend_as(RELEASE, "velero", false).await?;
             }
             ns.mark_stuck(RELEASE).await?;
             if case.scenario == DeletedUnsuspended {
@@ -276,22 +276,6 @@ async fn crash_at(case: &Case) -> Result<()> {
         let view = ReleaseView::from_object(&ns.releases().get(RELEASE).await?);
         assert!(view.suspend, "the migration's suspension is left alone");
     }
-    Ok(())
-}
-
-/// Sets `spec.suspend` as an Update by `manager` (a migration, a backup controller).
-async fn update_suspend_as(ns: &TestNamespace, manager: &str, value: bool) -> Result<()> {
-    let params = PatchParams {
-        field_manager: Some(manager.into()),
-        ..Default::default()
-    };
-    ns.releases()
-        .patch(
-            RELEASE,
-            &params,
-            &Patch::Merge(json!({"spec": {"suspend": value}})),
-        )
-        .await?;
     Ok(())
 }
 

@@ -112,6 +112,48 @@ impl TestNamespace {
             .await
     }
 
+    /// Sets `spec.suspend` by a forced server-side apply of `manager` (an
+    /// operator's or a migration's apply): an `Apply` entry owning the field.
+    pub async fn apply_suspend_as(
+        &self,
+        name: &str,
+        manager: &str,
+        value: bool,
+    ) -> Result<DynamicObject> {
+        let body = json!({"apiVersion": names::HELMRELEASE_API_VERSION, "kind": names::HELMRELEASE_KIND,
+            "metadata": {"name": name}, "spec": {"suspend": value}});
+        Ok(self
+            .releases()
+            .patch(
+                name,
+                &PatchParams::apply(manager).force(),
+                &Patch::Apply(body),
+            )
+            .await?)
+    }
+
+    /// Sets `spec.suspend` by a merge patch of `manager` (`kubectl patch`,
+    /// `flux suspend`, a backup controller): an `Update` entry owning it.
+    pub async fn update_suspend_as(
+        &self,
+        name: &str,
+        manager: &str,
+        value: bool,
+    ) -> Result<DynamicObject> {
+        let params = PatchParams {
+            field_manager: Some(manager.into()),
+            ..Default::default()
+        };
+        Ok(self
+            .releases()
+            .patch(
+                name,
+                &params,
+                &Patch::Merge(json!({"spec": {"suspend": value}})),
+            )
+            .await?)
+    }
+
     /// flux-plunger's own write as a recovery takes it: the fence with its
     /// label and, with `suspend`, the suspension (a server-side apply by
     /// manager `flux-plunger`), as a process stopped mid-recovery leaves them.

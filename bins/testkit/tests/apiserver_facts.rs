@@ -146,18 +146,7 @@ async fn a_different_value_written_by_an_update_moves_ownership_away() -> Result
         )
         .await?;
     // `kubectl patch` / `flux resume` style: an Update by another manager.
-    let params = PatchParams {
-        field_manager: Some("kubectl-patch".into()),
-        ..Default::default()
-    };
-    let theirs = ns
-        .releases()
-        .patch(
-            "demo",
-            &params,
-            &Patch::Merge(json!({"spec": {"suspend": false}})),
-        )
-        .await?;
+    let theirs = ns.update_suspend_as("demo", "kubectl-patch", false).await?;
     assert_eq!(
         managers_owning_suspend(&theirs),
         owners(&[("kubectl-patch", "Update")])

@@ -8,16 +8,14 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use futures::{FutureExt, StreamExt};
-use kube::api::{DeleteParams, DynamicObject, Patch, PatchParams};
+use kube::api::{DeleteParams, DynamicObject};
 use kube::runtime::{WatchStreamExt, watcher};
 use plunger::decide::is_of_interest;
 use plunger::events::Events;
-use plunger::names::{HELMRELEASE_API_VERSION, HELMRELEASE_KIND};
 use plunger::reconcile::{Reconciler, Step, TestHooks};
 use plunger::release::api::helmreleases;
 use plunger::release::view::ReleaseView;
 use plunger::timings::Timings;
-use serde_json::json;
 use testkit::{Handled, SeededRng, SimulatedHelmController, TestNamespace};
 
 use super::checks::owns_suspend;
@@ -292,38 +290,21 @@ async fn write_suspend_as_another_manager(
     ns: &TestNamespace,
     kind: ForeignWrite,
 ) -> Result<(DynamicObject, &'static str)> {
-    let update = |manager: &'static str, suspend: bool| async move {
-        let params = PatchParams {
-            field_manager: Some(manager.into()),
-            ..Default::default()
-        };
-        let object = ns
-            .releases()
-            .patch(
-                NAME,
-                &params,
-                &Patch::Merge(json!({"spec": {"suspend": suspend}})),
-            )
-            .await?;
-        anyhow::Ok((object, manager))
+    let (manager, object) = match kind {
+        ForeignWrite::SuspendByApply => (
+            MIGRATION_MANAGER,
+            ns.apply_suspend_as(NAME, MIGRATION_MANAGER, true).await?,
+        ),
+        ForeignWrite::SuspendByUpdate => (
+            FLUX_CLI_MANAGER,
+            ns.update_suspend_as(NAME, FLUX_CLI_MANAGER, true).await?,
+        ),
+        ForeignWrite::UnsuspendByUpdate => (
+            BACKUP_MANAGER,
+            ns.update_suspend_as(NAME, BACKUP_MANAGER, false).await?,
+        ),
     };
-    match kind {
-        ForeignWrite::SuspendByApply => {
-            let body = json!({"apiVersion": HELMRELEASE_API_VERSION, "kind": HELMRELEASE_KIND,
-                "metadata": {"name": NAME}, "spec": {"suspend": true}});
-            let object = ns
-                .releases()
-                .patch(
-                    NAME,
-                    &PatchParams::apply(MIGRATION_MANAGER).force(),
-                    &Patch::Apply(body),
-                )
-                .await?;
-            Ok((object, MIGRATION_MANAGER))
-        }
-        ForeignWrite::SuspendByUpdate => update(FLUX_CLI_MANAGER, true).await,
-        ForeignWrite::UnsuspendByUpdate => update(BACKUP_MANAGER, false).await,
-    }
+    Ok((object, manager))
 }
 
 /// Waits until the release is gone, or until it stays the same while

@@ -1,0 +1,442 @@
+//! The controller's recovery against a real apiserver and the simulated
+//! helm-controller (SPEC §3-§5), one claim per test.
+
+mod controls;
+mod core;
+mod foreign_fences;
+mod handover;
+mod location;
+mod races;
+mod remote;
+mod waiting;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use anyhow::Result;
+use futures::FutureExt;
+use kube::Client;
+use kube::api::{DeleteParams, DynamicObject, Patch, PatchParams};
+use plunger::decide::SkipReason;
+use plunger::events::Events;
+use plunger::names::{
+    FENCE_FINALIZER, FENCE_LABEL, FENCE_LABEL_VALUE, FIELD_MANAGER, HELM_CONTROLLER_FINALIZER,
+    HELMRELEASE_API_VERSION, HELMRELEASE_KIND, PROCESSED_VERSION_ANNOTATION,
+};
+use plunger::reconcile::{Outcome, Reconciler, Step, TestHooks};
+use plunger::release::view::ReleaseView;
+use plunger::timings::Timings;
+use serde_json::{Value, json};
+use testkit::audit::AuditedRequest;
+use testkit::{
+    FaultPlan, FaultProxy, Handled, SimulatedHelmController, TestNamespace, audit, control_plane,
+};
+
+struct World {
+    ns: TestNamespace,
+    /// The admin: the test's own arrangements.
+    client: Client,
+    /// flux-plunger: the chart's ServiceAccount, under the chart's admission
+    /// guard.
+    flux_plunger: Client,
+    hc: SimulatedHelmController,
+}
+
+async fn world(prefix: &str) -> Result<World> {
+    let client = control_plane().client().await?;
+    let ns = TestNamespace::create(&client, prefix).await?;
+    let hc = SimulatedHelmController::new(client.clone(), &ns.name);
+    let flux_plunger = testkit::guard::shared()?.controller_client().await?;
+    Ok(World {
+        ns,
+        client,
+        flux_plunger,
+        hc,
+    })
+}
+
+impl World {
+    fn reconciler(&self) -> Reconciler {
+        Reconciler::new(
+            self.flux_plunger.clone(),
+            Events::new(self.flux_plunger.clone(), "flux-plunger", None),
+            Timings::default(),
+        )
+    }
+
+    /// A reconciler that runs `action` once, the first time it reaches `at`.
+    fn reconciler_pausing<F>(&self, at: Step, action: F) -> Reconciler
+    where
+        F: Fn() -> futures::future::BoxFuture<'static, ()> + Send + Sync + 'static,
+    {
+        let mut reconciler = self.reconciler();
+        let done = Arc::new(AtomicBool::new(false));
+        reconciler.hooks = TestHooks {
+            unfenced: false,
+            pause: Some(Arc::new(move |step| {
+                if step == at && !done.swap(true, Ordering::SeqCst) {
+                    action()
+                } else {
+                    async {}.boxed()
+                }
+            })),
+        };
+        reconciler
+    }
+
+    /// A release as helm-controller keeps it: installed, with its finalizer,
+    /// stuck, with storage revisions of the given statuses.
+    async fn stuck_release(&self, name: &str, revisions: &[(u64, &str)]) -> Result<DynamicObject> {
+        self.ns.create_release(name, json!({})).await?;
+        self.hc.install(name).await?;
+        assert_eq!(self.hc.handle(name).await?, Handled::AddedFinalizer);
+        for (revision, status) in revisions {
+            self.ns
+                .create_storage_secret(name, *revision, status)
+                .await?;
+        }
+        self.ns.mark_stuck(name).await
+    }
+
+    async fn get(&self, name: &str) -> Result<Option<DynamicObject>> {
+        Ok(self.ns.releases().get_opt(name).await?)
+    }
+
+    async fn view(&self, name: &str) -> Result<ReleaseView> {
+        Ok(ReleaseView::from_object(
+            &self.ns.releases().get(name).await?,
+        ))
+    }
+
+    async fn revisions(&self) -> Result<Vec<String>> {
+        self.ns.secret_names().await
+    }
+
+    async fn delete(&self, name: &str) -> Result<()> {
+        self.ns
+            .releases()
+            .delete(name, &DeleteParams::default())
+            .await?;
+        Ok(())
+    }
+
+    /// Applies `spec.suspend` as another manager.
+    async fn suspend_as(&self, name: &str, manager: &str, value: bool) -> Result<DynamicObject> {
+        self.ns.apply_suspend_as(name, manager, value).await
+    }
+
+    /// Sets `spec.suspend` as an Update by `manager` (kubectl patch, flux, a backup controller).
+    async fn update_suspend_as(
+        &self,
+        name: &str,
+        manager: &str,
+        value: bool,
+    ) -> Result<DynamicObject> {
+        self.ns.update_suspend_as(name, manager, value).await
+    }
+
+    /// Puts our suspension and fence on the release, as a run that crashed mid-recovery left them.
+    async fn leave_our_suspension(&self, name: &str) -> Result<DynamicObject> {
+        let body = json!({"apiVersion": HELMRELEASE_API_VERSION, "kind": HELMRELEASE_KIND,
+            "metadata": {"name": name, "finalizers": [FENCE_FINALIZER]}, "spec": {"suspend": true}});
+        Ok(self
+            .ns
+            .releases()
+            .patch(
+                name,
+                &PatchParams::apply(FIELD_MANAGER),
+                &Patch::Apply(body),
+            )
+            .await?)
+    }
+}
+
+/// Whether any managedFields entry of ours still owns suspend or a finalizer.
+fn we_own_anything(object: &DynamicObject) -> bool {
+    object.metadata.managed_fields.iter().flatten().any(|e| {
+        e.manager.as_deref() == Some(FIELD_MANAGER)
+            && e.fields_v1.as_ref().is_some_and(|f| {
+                f.0.pointer("/f:spec/f:suspend").is_some()
+                    || f.0.pointer("/f:metadata/f:finalizers").is_some()
+            })
+    })
+}
+
+fn spec_without_suspend(object: &DynamicObject) -> Value {
+    let mut spec = object.data["spec"].clone();
+    spec.as_object_mut().unwrap().remove("suspend");
+    spec
+}
+
+fn assert_let_go(object: &DynamicObject) {
+    let view = ReleaseView::from_object(object);
+    assert!(!view.suspend, "still suspended: {:?}", object.data["spec"]);
+    assert!(!view.has_fence(), "fence left: {:?}", view.finalizers);
+    assert!(
+        !we_own_anything(object),
+        "{:?}",
+        object.metadata.managed_fields
+    );
+}
+
+/// A stuck release whose recovery is still to come (SPEC §4.5): our
+/// suspension lifted (or never taken), our fence on it, nothing else of ours.
+fn assert_waiting_fenced(object: &DynamicObject) {
+    let view = ReleaseView::from_object(object);
+    assert!(!view.suspend, "still suspended: {:?}", object.data["spec"]);
+    assert!(
+        view.has_fence() && view.fence_labelled,
+        "no fence: {:?}",
+        view.finalizers
+    );
+    assert!(!view.suspended_by_us());
+}
+
+/// Deletes `name` while flux-plunger holds its recovery suspension and lets
+/// helm-controller handle the delete first when `helm_controller_first`.
+async fn delete_during_recovery(
+    w: &World,
+    name: &str,
+    helm_controller_first: bool,
+    unfenced: bool,
+) -> Result<()> {
+    w.stuck_release(name, &[(1, "superseded"), (2, "uninstalling")])
+        .await?;
+    let releases = w.ns.releases();
+    let hc = w.hc.clone();
+    let target = name.to_owned();
+    let mut reconciler = w.reconciler_pausing(Step::Acquired, move || {
+        let releases = releases.clone();
+        let hc = hc.clone();
+        let target = target.clone();
+        async move {
+            releases
+                .delete(&target, &DeleteParams::default())
+                .await
+                .unwrap();
+            if helm_controller_first {
+                hc.handle(&target).await.unwrap();
+            }
+        }
+        .boxed()
+    });
+    reconciler.hooks.unfenced = unfenced;
+
+    // The recovery meets the delete: its annotation write conflicts, and the
+    // undo hands the newest revision over and lifts our suspension (keeping
+    // the fence). Unfenced, the release may be gone already.
+    let first = reconciler.reconcile(&w.ns.name, name).await;
+    if unfenced {
+        assert!(matches!(first, Err(_) | Ok(Outcome::Gone)), "{first:?}");
+    } else {
+        assert_eq!(first?, Outcome::HandedOver { revision: 2 });
+    }
+    // Then both controllers carry on until nothing changes.
+    for _ in 0..5 {
+        w.hc.handle(name).await?;
+        w.reconciler().reconcile(&w.ns.name, name).await?;
+    }
+    Ok(())
+}
+
+/// helm-controller uninstalled `name` (its resources and storage gone): the
+/// next pass drops the fence and the release goes.
+async fn assert_fence_dropped_after_the_uninstall(w: &World, name: &str) -> Result<()> {
+    assert_eq!(
+        w.reconciler().reconcile(&w.ns.name, name).await?,
+        Outcome::FenceDropped
+    );
+    assert!(w.get(name).await?.is_none());
+    assert!(!w.hc.resources_exist(name).await?);
+    assert_eq!(w.revisions().await?, Vec::<String>::new());
+    Ok(())
+}
+
+/// flux-plunger handed revision `revision` to helm-controller's uninstall,
+/// and said so.
+async fn assert_handed_over(w: &World, name: &str, revision: u64) -> Result<()> {
+    let events = w.ns.events_for(name).await?;
+    assert!(
+        events.iter().any(|e| e.reason == "UninstallHandedOver"
+            && e.type_ == "Normal"
+            && e.note.contains(&format!("revision {revision} "))),
+        "{events:?}"
+    );
+    Ok(())
+}
+
+/// A stuck release under our suspension and fence, deleted, helm-controller
+/// past its suspended pass (its finalizer gone, nothing uninstalled).
+async fn deleted_under_our_suspension(
+    w: &World,
+    name: &str,
+    revisions: &[(u64, &str)],
+) -> Result<()> {
+    w.stuck_release(name, revisions).await?;
+    w.leave_our_suspension(name).await?;
+    w.delete(name).await?;
+    assert_eq!(
+        w.hc.handle(name).await?,
+        Handled::UninstallSkippedBecauseSuspended
+    );
+    Ok(())
+}
+
+/// The requests in `namespace` since `offset` of the audit log that `wanted`
+/// picks, once at least `count` of them have reached it.
+async fn audited(
+    namespace: &str,
+    offset: u64,
+    count: usize,
+    wanted: impl Fn(&AuditedRequest) -> bool,
+) -> Result<Vec<AuditedRequest>> {
+    let mut picked = Vec::new();
+    testkit::eventually(
+        Duration::from_secs(10),
+        "the requests reach the audit log",
+        || {
+            let read = audit::read_since(offset).map(|requests| {
+                requests
+                    .into_iter()
+                    .filter(|r| r.namespace.as_deref() == Some(namespace) && wanted(r))
+                    .collect::<Vec<_>>()
+            });
+            if let Ok(read) = &read {
+                picked.clone_from(read);
+            }
+            async move { Ok(read?.len() >= count) }
+        },
+    )
+    .await?;
+    Ok(picked)
+}
+
+/// The bodies of the server-side applies by flux-plunger in `namespace`,
+/// since `offset` of the audit log.
+fn audited_applies(namespace: &str, offset: u64) -> Result<Vec<Value>> {
+    Ok(audit::read_since(offset)?
+        .into_iter()
+        .filter(|r| r.verb == "patch" && r.resource() == "helmreleases")
+        .filter(|r| r.namespace.as_deref() == Some(namespace))
+        .filter(|r| r.field_manager() == Some(FIELD_MANAGER))
+        .filter_map(|r| r.body)
+        .filter(|body| body["apiVersion"] == HELMRELEASE_API_VERSION)
+        .collect())
+}
+
+/// Creates a stuck release with `spec` whose storage Secrets, of release
+/// `storage_name`, live in namespace `storage_ns`.
+async fn stuck_elsewhere(
+    w: &World,
+    name: &str,
+    spec: Value,
+    storage_ns: &TestNamespace,
+    storage_name: &str,
+) -> Result<()> {
+    w.ns.create_release(name, spec).await?;
+    w.hc.handle(name).await?;
+    storage_ns
+        .create_storage_secret(storage_name, 1, "superseded")
+        .await?;
+    storage_ns
+        .create_storage_secret(storage_name, 2, "uninstalling")
+        .await?;
+    // A decoy under the HelmRelease's own name, where the original looked.
+    w.ns.create_storage_secret(name, 9, "uninstalling").await?;
+    w.ns.mark_stuck(name).await?;
+    Ok(())
+}
+
+async fn secret_names(ns: &TestNamespace) -> Result<Vec<String>> {
+    ns.secret_names().await
+}
+
+/// Release `web` of `w`, installed in a remote cluster of its own
+/// (`spec.kubeConfig`), stuck, with storage revisions of `revisions` there
+/// and a decoy v2 in the local cluster, where the original looked. Returns
+/// the remote cluster (running while it lives) and the namespace there.
+async fn stuck_in_a_remote_cluster(
+    w: &World,
+    revisions: &[(u64, &str)],
+) -> Result<(testkit::ControlPlane, TestNamespace)> {
+    use k8s_openapi::api::core::v1::{Namespace, Secret};
+    use kube::api::{Api, PostParams};
+    let remote = testkit::ControlPlane::start_another()?;
+    let remote_client = remote.client().await?;
+    let namespaces: Api<Namespace> = Api::all(remote_client.clone());
+    namespaces
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": w.ns.name}}))?,
+        )
+        .await?;
+    let remote_ns = TestNamespace {
+        name: w.ns.name.clone(),
+        client: remote_client,
+    };
+    for (revision, status) in revisions {
+        remote_ns
+            .create_storage_secret("web", *revision, status)
+            .await?;
+    }
+    w.ns.create_storage_secret("web", 2, "uninstalling").await?;
+    let kubeconfig: Secret = serde_json::from_value(json!({
+        "metadata": {"name": "remote-kubeconfig"},
+        "stringData": {"value.yaml": remote.kubeconfig_yaml(&testkit::control_plane::AuthInfo::AdminCertificate)},
+    }))?;
+    w.ns.secrets()
+        .create(&PostParams::default(), &kubeconfig)
+        .await?;
+    w.ns.create_release(
+        "web",
+        json!({"kubeConfig": {"secretRef": {"name": "remote-kubeconfig"}}}),
+    )
+    .await?;
+    w.hc.handle("web").await?;
+    w.ns.mark_stuck("web").await?;
+    Ok((remote, remote_ns))
+}
+
+/// Lists the fence on `name` under `manager` by a merge patch, as
+/// `kubectl patch --type merge` does: the whole list, the fence appended.
+async fn add_fence_as(w: &World, name: &str, manager: &str) -> Result<()> {
+    let mut finalizers = w.view(name).await?.finalizers;
+    finalizers.push(FENCE_FINALIZER.to_owned());
+    let params = PatchParams {
+        field_manager: Some(manager.into()),
+        ..Default::default()
+    };
+    w.ns.releases()
+        .patch(
+            name,
+            &params,
+            &Patch::Merge(json!({"metadata": {"finalizers": finalizers}})),
+        )
+        .await?;
+    Ok(())
+}
+
+/// Lists the fence a second time on `name` under `manager`, by a JSON patch
+/// appending it (a set cannot hold it twice through an apply).
+async fn add_second_fence_as(w: &World, name: &str, manager: &str) -> Result<()> {
+    let params = PatchParams {
+        field_manager: Some(manager.into()),
+        ..Default::default()
+    };
+    let patch: json_patch::Patch = serde_json::from_value(json!([
+        {"op": "add", "path": "/metadata/finalizers/-", "value": FENCE_FINALIZER},
+    ]))?;
+    w.ns.releases()
+        .patch(name, &params, &Patch::<()>::Json(patch))
+        .await?;
+    Ok(())
+}
+
+/// An installed release with helm-controller's finalizer.
+async fn installed(w: &World, name: &str) -> Result<()> {
+    w.ns.create_release(name, json!({})).await?;
+    w.hc.install(name).await?;
+    assert_eq!(w.hc.handle(name).await?, Handled::AddedFinalizer);
+    Ok(())
+}
