@@ -293,13 +293,31 @@ async fn delete_during_a_paused_recovery(
     } else {
         Placement::beside(&ns, RELEASE)
     };
-    make_stuck_as(&ns, RELEASE, &placement, stuck.status).await?;
     let gate = tempfile::tempdir()?;
     let pause = gate.path().join("pause");
     let (reached, resume) = (
         pause.with_extension("reached"),
         pause.with_extension("release"),
     );
+    // flux-plunger runs before the release gets stuck, as in a cluster: it
+    // acts on the first stuck status. (Over a newest `uninstalled` revision
+    // helm-controller shows that status only until its next retry, which
+    // tries an install instead and leaves another message.)
+    let mut env = vec![
+        (
+            "FLUX_PLUNGER_TEST_PAUSE_AT",
+            std::path::Path::new("acquired"),
+        ),
+        ("FLUX_PLUNGER_TEST_PAUSE_FILE", pause.as_path()),
+    ];
+    if unfenced {
+        env.push(("FLUX_PLUNGER_TEST_UNFENCED", std::path::Path::new("1")));
+    }
+    let flux_plunger = FluxPlunger::start_with_env(&ns, &env).await?;
+    let log = || flux_plunger.log_text();
+    make_stuck_as(&ns, RELEASE, &placement, stuck.status)
+        .await
+        .with_context(log)?;
     // helm-controller's finalizer removal refused while the refusal is in
     // force: how flux-plunger gets to handle the delete first, for certain.
     let refusal = match first {
@@ -334,18 +352,6 @@ async fn delete_during_a_paused_recovery(
         })
         .await?;
     }
-    let mut env = vec![
-        (
-            "FLUX_PLUNGER_TEST_PAUSE_AT",
-            std::path::Path::new("acquired"),
-        ),
-        ("FLUX_PLUNGER_TEST_PAUSE_FILE", pause.as_path()),
-    ];
-    if unfenced {
-        env.push(("FLUX_PLUNGER_TEST_UNFENCED", std::path::Path::new("1")));
-    }
-    let flux_plunger = FluxPlunger::start_with_env(&ns, &env).await?;
-    let log = || flux_plunger.log_text();
     wait_for(
         "flux-plunger paused after taking its suspension",
         || async { Ok(reached.exists().then_some(())) },
@@ -479,10 +485,10 @@ async fn a_delete_during_a_paused_recovery_is_uninstalled_from_every_stuck_state
             },
         ),
     ];
-    // helm-controller v1.4 shows the stuck message over a newest
-    // `uninstalled` revision only at first, then retries with an install
-    // ("cannot re-use a name that is still in use"): a flux-plunger started
-    // after that, as this race starts it, has nothing to recover.
+    // helm-controller v1.4 answers a newest `uninstalled` revision with a
+    // failed install ("cannot re-use a name that is still in use") as often
+    // as with the stuck message (one race of two, seen here): flux-plunger
+    // then has nothing to recover.
     if uninstalled_is_stuck() {
         states.push((
             "uninstalled",
