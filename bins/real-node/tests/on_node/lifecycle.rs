@@ -170,8 +170,7 @@ async fn the_chart_installs_recovers_a_stuck_release_and_uninstalls_through_its_
         .iter()
         .find(|r| {
             r.user == hook_user
-                && r.resource() == "deployments"
-                && r.request_uri.contains("/scale")
+                && r.resource() == "deployments/scale"
                 && r.is_write()
                 && r.succeeded()
         })
