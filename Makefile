@@ -216,6 +216,7 @@ test-unit: ## Unit tests: pure, no control plane.
 
 .PHONY: test-envtest
 test-envtest: tools ## Integration tests against the local control plane.
+	@hack/check-no-leftovers.sh --mark
 	$(call step,integration tests against the local control plane)
 	@# Tests run the binaries of other packages (testkit::workspace_binary):
 	@# `cargo test` builds a package's binaries only for its own tests.
@@ -252,6 +253,7 @@ chart-docs-check: $(BIN)/helm-docs $(CHART)/README.md.gotmpl ## Fail when chart/
 
 .PHONY: test-chart
 test-chart: tools build chart-docs-check ## The chart: README.md as helm-docs writes it, helm lint --strict, helm-unittest (chart-tests/), contract and install tests (bins/chart-contract).
+	@hack/check-no-leftovers.sh --mark
 	$(call step,chart: helm lint --strict with the default values)
 	helm lint --strict $(CHART)
 	$(call step,chart: helm lint --strict with each value set in $(CHART_TESTS)/values/)
@@ -274,6 +276,7 @@ E2E_THREADS ?= 8
 
 .PHONY: e2e
 e2e: tools ## End-to-end tests against Flux's real helm-controller, once per version in HELM_CONTROLLER_E2E_VERSIONS.
+	@hack/check-no-leftovers.sh --mark
 	$(call step,building flux-plunger and the e2e tests)
 	@# A workspace build: testkit turns plunger's test-hooks feature on, which
 	@# the e2e races need (pause points); `-p flux-plunger` alone would not.
@@ -298,6 +301,7 @@ NODE_TEST_BINARIES := on_node as_flux_helmrelease
 
 .PHONY: test-node
 test-node: tools node-packages image ## The chart on a real node (kubelet, containerd, controller-manager, scheduler) in hack/node-sandbox.sh: its pods, sidecar and hook Job run for real; helm and the real helm-controller install it.
+	@hack/check-no-leftovers.sh --mark
 	$(call step,building the node tier's tests)
 	cargo test --locked -p real-node --no-run
 	$(call step,node tier: the chart on a real node, in hack/node-sandbox.sh (about 5 minutes warm))
@@ -320,6 +324,7 @@ SOAK_PARALLEL ?= 4
 
 .PHONY: soak
 soak: tools ## Many more seeds of the randomized interleavings than CI runs (SOAK_SEEDS, default 500; a few seconds each, SOAK_PARALLEL at a time); not part of make test.
+	@hack/check-no-leftovers.sh --mark
 	$(call step,soak: $(SOAK_SEEDS) seeded recoveries raced by deletes, foreign suspensions and the fault proxy)
 	cargo build --workspace --locked --bins
 	FLUX_PLUNGER_SEED_COUNT=$(SOAK_SEEDS) FLUX_PLUNGER_SEED_BASE=$(SOAK_SEED_BASE) \
@@ -340,8 +345,9 @@ mutants: $(CARGO_MUTANTS) ## Mutation testing of the decision code (.cargo/mutan
 	$(CARGO_MUTANTS) mutants --package plunger --test-package plunger --output $(OUT)
 
 .PHONY: test-bats
-test-bats: tools build $(BATS_STAMP) ## bats suites (bats/): flux-plunger-sweep as a process against the local control plane.
-	$(call step,bats: flux-plunger-sweep as a process against the local control plane (bats/; about a minute))
+test-bats: tools build $(BATS_STAMP) ## bats suites (bats/): flux-plunger-sweep as a process against the local control plane; hack/check-no-leftovers.sh.
+	@hack/check-no-leftovers.sh --mark
+	$(call step,bats: flux-plunger-sweep as a process against the local control plane, and the leftovers check (bats/; about two minutes))
 	@mkdir -p $(TEST_LOG)
 	$(BATS) --tap --timing bats/ 2>&1 | tee $(TEST_LOG)/bats.log
 	@hack/check-no-leftovers.sh
@@ -357,6 +363,7 @@ lint: ## cargo fmt --check, clippy with warnings denied, and no test hooks in re
 
 .PHONY: demo
 demo: tools node-packages image ## Show flux-plunger at work as a user runs it: its chart installed by helm on a real node, its pod recovering a release the real helm-controller left stuck, the fence holding a delete until the uninstall, helm uninstall's hook Job (a few minutes warm; Ctrl-C stops it).
+	@hack/check-no-leftovers.sh --mark
 	$(call step,building the demo)
 	cargo build --locked -p e2e --bin demo
 	$(call step,running the demo in the node sandbox (hack/node-sandbox.sh))

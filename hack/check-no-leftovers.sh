@@ -7,6 +7,9 @@
 # Only this checkout's servers are judged: another worktree on the same
 # machine may be running its own tests right now, from its own _out/ (the
 # Makefile exports FLUX_PLUNGER_OUT, and testkit starts the servers from it).
+# And only directories made since the tier began (`--mark`, its first step):
+# one a killed run left earlier on this machine (a bench stopped by hand) is
+# not this run's leak, and must not fail it.
 #
 # The node tier's sandboxes (hack/node-sandbox.sh) are named after the
 # checkout: none of this checkout's may leave a process (the node's servers,
@@ -18,6 +21,15 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 out="${FLUX_PLUNGER_OUT:-$root/_out}"
 sandbox=$("$root/hack/node-sandbox.sh" --prefix)
+mark="$out/leftovers-since"
+
+if [ "${1:-}" = "--mark" ]; then
+  mkdir -p "$out" && touch "$mark"
+  exit 0
+fi
+# Without a mark (run by hand), every directory is judged.
+newer=()
+[ -e "$mark" ] && newer=(-newer "$mark")
 
 # What a node may have left on the host, one line each.
 node_leftovers() {
@@ -40,7 +52,7 @@ node_leftovers() {
 for _ in $(seq 1 50); do
   procs=$(pgrep -a -f "^(${out}/bin/(etcd|kube-apiserver|helm-controller-[^ ]+)|${root}/target/[^/ ]+/flux-plunger(-drain|-sweep)?)( |$)" || true)
   dirs=""
-  for dir in $(find "${TMPDIR:-/tmp}" -maxdepth 1 \( -name 'flux-plunger-cp-*' -o -name 'flux-plunger-hc-*' -o -name 'flux-plunger-e2e-*' \) 2>/dev/null); do
+  for dir in $(find "${TMPDIR:-/tmp}" -maxdepth 1 \( -name 'flux-plunger-cp-*' -o -name 'flux-plunger-hc-*' -o -name 'flux-plunger-e2e-*' \) "${newer[@]}" 2>/dev/null); do
     # A directory still in use by a server of another checkout is theirs.
     users=$(pgrep -a -f -- "$dir" || true)
     if grep -qE '/(_out/bin|target/[^/ ]+)/' <<<"$users" && ! grep -qF -e "${out}/bin/" -e "${root}/target/" <<<"$users"; then
