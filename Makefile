@@ -194,7 +194,7 @@ IMAGE_DIR := $(OUT)/image
 
 .PHONY: image
 image: node-packages rust-image-target ## Build the image offline (static musl binaries FROM scratch; Docker if an engine runs, else buildah) and the node's pause image into _out/image/.
-	$(call step,image $(IMAGE):$(IMAGE_TAG) from the Dockerfile, offline)
+	$(call step,image $(IMAGE):$(IMAGE_TAG) from the Dockerfile (offline))
 	IMAGE_RUST_TARGET=$(IMAGE_RUST_TARGET) hack/build-image.sh $(IMAGE):$(IMAGE_TAG) $(IMAGE_DIR)
 
 ##@ Test
@@ -304,7 +304,7 @@ test-node: tools node-packages image ## The chart on a real node (kubelet, conta
 	@hack/check-no-leftovers.sh --mark
 	$(call step,building the node tier's tests)
 	cargo test --locked -p real-node --no-run
-	$(call step,node tier: the chart on a real node, in hack/node-sandbox.sh (about 5 minutes warm))
+	$(call step,node tier: the chart on a real node in hack/node-sandbox.sh (about 5 minutes warm))
 	@mkdir -p $(TEST_LOG)
 	@rm -f $(TEST_LOG)/node.log
 	@# --offline: the sandbox has no network, and everything is built already.
@@ -347,7 +347,7 @@ mutants: $(CARGO_MUTANTS) ## Mutation testing of the decision code (.cargo/mutan
 .PHONY: test-bats
 test-bats: tools build $(BATS_STAMP) ## bats suites (bats/): flux-plunger-sweep as a process against the local control plane; hack/check-no-leftovers.sh.
 	@hack/check-no-leftovers.sh --mark
-	$(call step,bats: flux-plunger-sweep as a process against the local control plane, and the leftovers check (bats/; about two minutes))
+	$(call step,bats: flux-plunger-sweep as a process against the local control plane; the leftovers check (bats/; about two minutes))
 	@mkdir -p $(TEST_LOG)
 	$(BATS) --tap --timing bats/ 2>&1 | tee $(TEST_LOG)/bats.log
 	@hack/check-no-leftovers.sh
