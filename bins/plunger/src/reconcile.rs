@@ -823,10 +823,8 @@ impl Reconciler {
     /// (409) and is read again before anything is forced.
     async fn acquire(&self, planned: &ReleaseView) -> Result<Acquisition, Error> {
         let claim = self.acquire_claim();
-        match may_take_suspension(planned) {
-            MayAcquire::Take => {}
-            MayAcquire::NotOurs => return Ok(Acquisition::NotOurs),
-            MayAcquire::NoLongerStuck => return Ok(Acquisition::NoLongerStuck),
+        if let Some(refused) = refusal(planned) {
+            return Ok(refused);
         }
         let acquire_error = |source| Error::Acquire {
             key: planned.key(),
@@ -841,15 +839,23 @@ impl Reconciler {
         let Some(again) = self.read(&planned.namespace, &planned.name).await? else {
             return Ok(Acquisition::NotOurs);
         };
-        match may_take_suspension(&again) {
-            MayAcquire::Take => {}
-            MayAcquire::NotOurs => return Ok(Acquisition::NotOurs),
-            MayAcquire::NoLongerStuck => return Ok(Acquisition::NoLongerStuck),
+        if let Some(refused) = refusal(&again) {
+            return Ok(refused);
         }
         self.pause_at_step(Step::BeforeForcedAcquire).await;
         match apply::apply(&self.client, &again, claim, true).await {
             Ok(object) => Ok(Acquisition::Held(Box::new(self.view(&object)))),
-            Err(err) if is_api_code(&err, 409) => Ok(Acquisition::NotOurs),
+            // What the release is now decides, not the 409: somebody's
+            // suspension or a delete defers (their end wakes the watch); a
+            // release still live, unsuspended and stuck is a raced write,
+            // retried after its backoff, since a change that left nothing of
+            // interest, or a conflict nothing wrote, may wake nothing.
+            Err(err) if is_api_code(&err, 409) => {
+                match self.read(&planned.namespace, &planned.name).await? {
+                    None => Ok(Acquisition::NotOurs),
+                    Some(now) => refusal(&now).ok_or_else(|| acquire_error(err)),
+                }
+            }
             Err(err) => Err(acquire_error(err)),
         }
     }
@@ -977,10 +983,20 @@ impl Reconciler {
 enum Acquisition {
     /// Our suspension and fence are on the release, as this view shows.
     Held(Box<ReleaseView>),
-    /// Deleted or suspended meanwhile, or the forced apply conflicted.
+    /// Deleted or suspended meanwhile.
     NotOurs,
     /// No longer stuck when read again.
     NoLongerStuck,
+}
+
+/// Why the suspension may not be taken from the release as read, if it may
+/// not (SPEC §4.8).
+fn refusal(release: &ReleaseView) -> Option<Acquisition> {
+    match may_take_suspension(release) {
+        MayAcquire::Take => None,
+        MayAcquire::NotOurs => Some(Acquisition::NotOurs),
+        MayAcquire::NoLongerStuck => Some(Acquisition::NoLongerStuck),
+    }
 }
 
 /// Why letting go of a release failed.

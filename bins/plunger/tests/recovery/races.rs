@@ -83,6 +83,55 @@ async fn a_foreign_suspension_landing_before_the_acquire_defers_the_recovery() -
 }
 
 #[tokio::test]
+async fn a_forced_acquire_refused_while_the_release_stays_stuck_is_retried_not_deferred()
+-> Result<()> {
+    let w = world("force-raced").await?;
+    w.stuck_release("web", &[(1, "uninstalling")]).await?;
+    // An owner of `false` makes the unforced acquire conflict.
+    w.update_suspend_as("web", "velero", false).await?;
+    let releases = w.ns.releases();
+    // A write that changes nothing of interest (no suspension, no delete,
+    // still stuck) refuses the forced apply's lock.
+    let reconciler = w.reconciler_pausing(Step::BeforeForcedAcquire, move || {
+        let releases = releases.clone();
+        async move {
+            releases
+                .patch(
+                    "web",
+                    &PatchParams::default(),
+                    &Patch::Merge(
+                        json!({"metadata": {"annotations": {"backup.example/last": "now"}}}),
+                    ),
+                )
+                .await
+                .unwrap();
+        }
+        .boxed()
+    });
+
+    let error = reconciler
+        .reconcile(&w.ns.name, "web")
+        .await
+        .expect_err("a raced write is an error, retried after its backoff");
+    assert!(error.is_stale_write(), "{error}");
+    let after = w.get("web").await?.unwrap();
+    assert!(!we_own_anything(&after), "nothing taken");
+    assert!(
+        !w.ns
+            .events_for("web")
+            .await?
+            .iter()
+            .any(|e| e.reason == "RecoveryDeferred"),
+        "nobody else suspended it: nothing was deferred"
+    );
+
+    let outcome = w.reconciler().reconcile(&w.ns.name, "web").await?;
+    assert_eq!(outcome, Outcome::Recovered { revision: 1 });
+    assert_let_go(&w.get("web").await?.unwrap());
+    Ok(())
+}
+
+#[tokio::test]
 async fn a_delete_during_recovery_reaches_the_uninstall_when_helm_controller_handles_it_first()
 -> Result<()> {
     let w = world("race-hc-first").await?;
