@@ -8,8 +8,10 @@
 //!   `status.storageNamespace` is set, and `status.history` names the Helm
 //!   release (its uninstall runs `helm uninstall <history[0].name>`); an
 //!   empty history is `ErrNoLatest`, tolerated: nothing is uninstalled. An
-//!   unsuspended pass clears the history and the storage namespace either
-//!   way; an uninstall sets `Released` to `UninstallSucceeded`. The
+//!   unsuspended pass with a storage namespace clears it and the history
+//!   either way, by a merge patch from what it read (so a history written
+//!   meanwhile survives); an uninstall sets `Released` to
+//!   `UninstallSucceeded`. The
 //!   finalizer is dropped in every case (the orphaning the fence prevents);
 //! - every pass that ends without error records `status.observedGeneration`
 //!   and the reconcile request it handled (`status.lastHandledReconcileAt`).
@@ -156,8 +158,7 @@ impl SimulatedHelmController {
                 } else {
                     Handled::NothingRecordedToUninstall
                 };
-                status["history"] = Value::Null;
-                status["storageNamespace"] = Value::Null;
+                clear_recorded_release(&release, &mut status);
                 handled
             };
             self.journal
@@ -307,9 +308,73 @@ impl SimulatedHelmController {
     }
 }
 
+/// What an unsuspended delete pass removes from the status. Without a
+/// storage namespace helm-controller's deletion returns before it truncates
+/// the status; otherwise it clears the history and the storage namespace.
+/// Its patch helper sends a merge patch computed from the object the pass
+/// read, so only what that object had set is removed: a history another
+/// writer added meanwhile survives.
+fn clear_recorded_release(release: &ReleaseView, status: &mut Value) {
+    if release.status_storage_namespace.is_none() {
+        return;
+    }
+    if release.has_history {
+        status["history"] = Value::Null;
+    }
+    status["storageNamespace"] = Value::Null;
+}
+
 /// Whether helm-controller's watch would trigger a pass over `release`.
 pub fn pass_due(release: &ReleaseView) -> bool {
     (!release.terminating && !release.has_helm_controller_finalizer())
         || release.observed_generation != release.generation
         || release.reconcile_request_pending()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::api::{ApiResource, DynamicObject};
+
+    fn view(status: Value) -> ReleaseView {
+        let resource = ApiResource {
+            group: "helm.toolkit.fluxcd.io".into(),
+            version: "v2".into(),
+            api_version: "helm.toolkit.fluxcd.io/v2".into(),
+            kind: "HelmRelease".into(),
+            plural: "helmreleases".into(),
+        };
+        let mut object = DynamicObject::new("web", &resource).within("apps");
+        object.data = json!({ "status": status });
+        ReleaseView::from_object(&object)
+    }
+
+    fn cleared(status: Value) -> Value {
+        let mut patch = json!({});
+        clear_recorded_release(&view(status), &mut patch);
+        patch
+    }
+
+    #[test]
+    fn a_pass_that_read_no_history_leaves_the_history_alone() {
+        // flux-plunger may hand a history over while the pass runs.
+        assert_eq!(
+            cleared(json!({"storageNamespace": "apps"})),
+            json!({"storageNamespace": null})
+        );
+        assert_eq!(cleared(json!({})), json!({}));
+    }
+
+    #[test]
+    fn a_pass_that_read_a_history_and_a_storage_namespace_clears_both() {
+        assert_eq!(
+            cleared(json!({"storageNamespace": "apps", "history": [{"name": "web"}]})),
+            json!({"history": null, "storageNamespace": null})
+        );
+    }
+
+    #[test]
+    fn without_a_storage_namespace_the_status_is_not_truncated() {
+        assert_eq!(cleared(json!({"history": [{"name": "web"}]})), json!({}));
+    }
 }
