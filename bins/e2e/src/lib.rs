@@ -223,6 +223,30 @@ pub fn is_stuck(o: &Observed) -> bool {
         .is_some_and(|m| m.contains(plunger::names::STUCK_MESSAGE))
 }
 
+/// Waits until a pass of helm-controller's over the current generation of
+/// release `name` has found it stuck (a pass that fails records no
+/// `observedGeneration`, only its `Ready` condition's).
+pub async fn wait_stuck_at_this_generation(ns: &TestNamespace, name: &str) -> Result<()> {
+    let what = format!(
+        "HelmRelease {}/{name} met as stuck at its generation",
+        ns.name
+    );
+    wait_for(&what, || async move {
+        let object = ns.releases().get(name).await?;
+        let ready_generation = object.data["status"]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|c| c["type"] == names::READY_CONDITION)
+            .and_then(|c| c["observedGeneration"].as_i64());
+        let stuck_now = is_stuck(&Observed::of(&object))
+            && ready_generation.is_some()
+            && ready_generation == object.metadata.generation;
+        Ok(stuck_now.then_some(()))
+    })
+    .await
+}
+
 /// Where a release of the demo chart is installed and stored: by default
 /// beside its HelmRelease under the HelmRelease's name; with
 /// `spec.releaseName`, `spec.targetNamespace` and `spec.storageNamespace`,

@@ -238,6 +238,12 @@ enum FirstToHandle {
     /// helm-controller can finish with the delete (its finalizer removal is
     /// refused by an admission policy until then).
     FluxPlunger,
+    /// Another manager lifts flux-plunger's suspension before the delete (a
+    /// merge patch of `suspend: false`, as a backup restore or `flux resume`
+    /// writes it): helm-controller handles the delete unsuspended over the
+    /// history it cleared, uninstalls nothing (`ErrNoLatest`) and drops its
+    /// finalizer; then flux-plunger resumes.
+    HelmControllerAfterAnotherManagerLifted,
 }
 
 /// What a delete during a paused recovery left behind.
@@ -334,7 +340,9 @@ async fn delete_during_a_paused_recovery(
             )
             .await?,
         ),
-        FirstToHandle::HelmController => None,
+        FirstToHandle::HelmController | FirstToHandle::HelmControllerAfterAnotherManagerLifted => {
+            None
+        }
     };
     if refusal.is_some() {
         wait_for("the refusal in force", || async {
@@ -370,10 +378,17 @@ async fn delete_during_a_paused_recovery(
         held.finalizers.contains(&FENCE_FINALIZER.to_owned()),
         !unfenced
     );
+    if first == FirstToHandle::HelmControllerAfterAnotherManagerLifted {
+        set_suspend(&ns, RELEASE, false).await?;
+        // helm-controller's pass over the live, unsuspended release is over
+        // (it meets the stuck storage again), so what the delete meets is
+        // known.
+        e2e::wait_stuck_at_this_generation(&ns, RELEASE).await?;
+    }
     delete(&ns, RELEASE).await?;
 
     let held_after_suspended_delete = match first {
-        FirstToHandle::HelmController => {
+        FirstToHandle::HelmController | FirstToHandle::HelmControllerAfterAnotherManagerLifted => {
             wait_for("helm-controller's suspended delete", || async {
                 Ok(match e2e::observe(&ns, RELEASE).await? {
                     None => Some(Some(false)),
@@ -419,13 +434,20 @@ async fn delete_during_a_paused_recovery(
 /// ("release not managed by controller"), so flux-plunger hands it the newest
 /// revision before it lifts its suspension (SPEC §5a): helm-controller's
 /// deletion path then runs the Helm uninstall. The release's objects, its
-/// storage and its HelmChart are gone, and so is the release.
+/// storage and its HelmChart are gone, and so is the release. The same when
+/// another manager lifted flux-plunger's suspension before the delete: the
+/// fence holds the release past helm-controller's empty pass, and
+/// flux-plunger hands the history over and asks for another (SPEC §5d).
 #[tokio::test]
 async fn a_delete_while_the_paused_process_holds_its_suspension_is_held_until_helm_controller_handles_it_unsuspended()
 -> Result<()> {
     let races = [
         ("e2e-race-hc-first", FirstToHandle::HelmController),
         ("e2e-race-fp-first", FirstToHandle::FluxPlunger),
+        (
+            "e2e-race-lifted",
+            FirstToHandle::HelmControllerAfterAnotherManagerLifted,
+        ),
     ]
     .map(|(prefix, first)| async move {
         let outcome = delete_during_a_paused_recovery(prefix, UNINSTALLING, first, false).await?;
