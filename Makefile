@@ -212,7 +212,7 @@ test-log-reset:
 test-unit: ## Unit tests: pure, no control plane.
 	$(call step,unit tests)
 	@mkdir -p $(TEST_LOG)
-	$(CARGO_TEST) --lib --bins 2>&1 | tee $(TEST_LOG)/unit.log
+	$(CARGO_TEST) --lib --bins 2>&1 | tee $(TEST_LOG)/unit.log || { hack/failure-digest.sh $(TEST_LOG)/unit.log; exit 1; }
 
 .PHONY: test-envtest
 test-envtest: tools ## Integration tests against the local control plane.
@@ -222,7 +222,8 @@ test-envtest: tools ## Integration tests against the local control plane.
 	@# `cargo test` builds a package's binaries only for its own tests.
 	cargo build --workspace --locked --bins
 	@mkdir -p $(TEST_LOG)
-	$(CARGO_TEST) --test '*' --exclude chart-contract --exclude e2e --exclude real-node 2>&1 | tee $(TEST_LOG)/envtest.log
+	$(CARGO_TEST) --test '*' --exclude chart-contract --exclude e2e --exclude real-node 2>&1 | tee $(TEST_LOG)/envtest.log \
+	  || { hack/failure-digest.sh $(TEST_LOG)/envtest.log; exit 1; }
 	@hack/check-no-leftovers.sh
 
 # The chart's suites live in chart-tests/, beside the chart rather than inside
@@ -287,7 +288,7 @@ e2e: tools ## End-to-end tests against Flux's real helm-controller, once per ver
 	  printf '\n\033[1m>> %s\033[0m\n' "e2e against the real helm-controller $$v"; \
 	  started=$$SECONDS; \
 	  FLUX_PLUNGER_HELM_CONTROLLER_VERSION=$$v cargo test --locked -p e2e --tests -- --test-threads=$(E2E_THREADS) 2>&1 \
-	    | tee $(TEST_LOG)/e2e-$$v.log || exit 1; \
+	    | tee $(TEST_LOG)/e2e-$$v.log || { hack/failure-digest.sh $(TEST_LOG)/e2e-$$v.log; exit 1; }; \
 	  echo ">> helm-controller $$v: e2e passed in $$(( SECONDS - started ))s"; \
 	done
 	@hack/check-no-leftovers.sh
@@ -311,7 +312,7 @@ test-node: tools node-packages image ## The chart on a real node (kubelet, conta
 	@for binary in $(NODE_TEST_BINARIES); do \
 	  echo ">> node tier: $$binary (a sandbox of its own)"; \
 	  hack/node-sandbox.sh cargo test --locked --offline -p real-node --test $$binary -- \
-	    --test-threads=$(NODE_THREADS) 2>&1 | tee -a $(TEST_LOG)/node.log || exit 1; \
+	    --test-threads=$(NODE_THREADS) 2>&1 | tee -a $(TEST_LOG)/node.log || { hack/failure-digest.sh $(TEST_LOG)/node.log; exit 1; }; \
 	done
 	@hack/check-no-leftovers.sh
 
