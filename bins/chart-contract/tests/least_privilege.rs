@@ -79,11 +79,16 @@ async fn the_controller_and_the_drain_need_nothing_beyond_the_charts_rbac() -> R
             .await?
             .is_none()
     );
-    let events = apps.events_for("web").await?;
-    assert!(
-        events.iter().any(|e| e.reason == "Recovered"),
-        "events are written too: {events:?}"
-    );
+    // The event is written after the lift that the recovery is seen by.
+    eventually(
+        Duration::from_secs(30),
+        "the Recovered event is written too",
+        || async {
+            let events = apps.events_for("web").await?;
+            Ok(events.iter().any(|e| e.reason == "Recovered"))
+        },
+    )
+    .await?;
     assert!(!controller.logged("Forbidden"), "{}", controller.log());
 
     // A release in a remote cluster: the kubeconfig Secret is read (`get
