@@ -51,6 +51,23 @@ async fn start(guarded: &Guarded, extra: &[&str], env: &[(&str, &str)]) -> Resul
     })
 }
 
+/// Waits until `/metrics` holds `line`, and returns the whole page.
+async fn metrics_with(port: u16, line: &str) -> Result<String> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (status, metrics) = http_get(port, "/metrics").await?;
+        anyhow::ensure!(status == 200, "/metrics answered {status}");
+        if metrics.lines().any(|l| l == line) {
+            return Ok(metrics);
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "/metrics never held {line}:\n{metrics}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 async fn http_get(port: u16, path: &str) -> Result<(u16, String)> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
@@ -118,12 +135,12 @@ async fn the_controller_recovers_a_stuck_release_and_counts_it() -> Result<()> {
     .await?;
     assert_eq!(ns.secret_names().await?, vec!["sh.helm.release.v1.web.v1"]);
 
-    let (status, metrics) = http_get(running.metrics, "/metrics").await?;
-    assert_eq!(status, 200);
-    assert!(
-        metrics.contains("flux_plunger_recoveries_total{result=\"recovered\"} 1"),
-        "{metrics}"
-    );
+    // The recovery is counted once its pass ends, after the lift it is seen by.
+    let metrics = metrics_with(
+        running.metrics,
+        "flux_plunger_recoveries_total{result=\"recovered\"} 1",
+    )
+    .await?;
     assert!(metrics.contains("flux_plunger_fences_held 0"), "{metrics}");
     assert!(
         metrics.contains("flux_plunger_reconcile_duration_seconds_count"),
@@ -158,8 +175,7 @@ async fn on_sigterm_the_leader_stops_within_ten_seconds_and_keeps_its_lease() ->
         holder(leases.get("flux-plunger").await?).as_deref(),
         Some("flux-plunger-abc")
     );
-    let (_, metrics) = http_get(running.metrics, "/metrics").await?;
-    assert!(metrics.contains("flux_plunger_leader 1"), "{metrics}");
+    metrics_with(running.metrics, "flux_plunger_leader 1").await?;
 
     let pid = running.child.id().context("no pid")?;
     let started = Instant::now();

@@ -429,6 +429,23 @@ pub async fn http_get(address: &str, path: &str) -> Result<String> {
     Ok(body.to_owned())
 }
 
+/// Waits until the `/metrics` page at `address` holds `line` (a counter is
+/// updated when its pass ends, after the writes a test sees), and returns it.
+pub async fn metrics_with(address: &str, line: &str) -> Result<String> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let metrics = http_get(address, "/metrics").await?;
+        if metrics.lines().any(|l| l == line) {
+            return Ok(metrics);
+        }
+        ensure!(
+            std::time::Instant::now() < deadline,
+            "{address}/metrics never held {line}:\n{metrics}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 /// Waits until the apiserver enforces a refusal (`TestNamespace::refuse`) of
 /// the controller's HelmRelease writes in `fences` (a new admission policy
 /// takes a moment): a dry-run patch of `release` under the controller's

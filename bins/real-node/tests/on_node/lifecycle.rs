@@ -10,7 +10,7 @@ use kube::Api;
 use kube::api::{ListParams, LogParams};
 use plunger::names::FENCE_FINALIZER;
 use plunger::release::view::ReleaseView;
-use real_node::{CONTROLLER, DRAIN, OnNode, container_status, http_get, name_of};
+use real_node::{CONTROLLER, DRAIN, OnNode, container_status, metrics_with, name_of};
 use testkit::node::NODE_NAME;
 use testkit::{TestNamespace, eventually};
 
@@ -90,11 +90,7 @@ async fn the_chart_installs_recovers_a_stuck_release_and_uninstalls_through_its_
         .as_ref()
         .and_then(|s| s.pod_ip.clone())
         .context("the pod has no IP")?;
-    let metrics = http_get(&format!("{pod_ip}:8080"), "/metrics").await?;
-    ensure!(
-        metrics.lines().any(|l| l == "flux_plunger_leader 1"),
-        "the pod's /metrics does not say it leads:\n{metrics}"
-    );
+    metrics_with(&format!("{pod_ip}:8080"), "flux_plunger_leader 1").await?;
 
     // The controller in the pod recovers a stuck release.
     let apps = TestNamespace::create(&ns.client, "node-life-apps").await?;
@@ -111,13 +107,11 @@ async fn the_chart_installs_recovers_a_stuck_release_and_uninstalls_through_its_
         "storage after the recovery: {:?}",
         apps.secret_names().await?
     );
-    let metrics = http_get(&format!("{pod_ip}:8080"), "/metrics").await?;
-    ensure!(
-        metrics
-            .lines()
-            .any(|l| l == r#"flux_plunger_recoveries_total{result="recovered"} 1"#),
-        "the recovery is not counted:\n{metrics}"
-    );
+    metrics_with(
+        &format!("{pod_ip}:8080"),
+        r#"flux_plunger_recoveries_total{result="recovered"} 1"#,
+    )
+    .await?;
 
     // A fence the controller's drain cannot release (its writes are
     // refused): only the hook, under its own ServiceAccount, can let go.
