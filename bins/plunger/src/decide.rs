@@ -155,7 +155,8 @@ fn decide_from(release: &ReleaseView, storage: Option<&StorageFacts>, clock: &Cl
     if release.terminating {
         return decide_terminating(release, storage, clock);
     }
-    let holds_fence = clock.holds_waiting_releases && awaits_recovery(release);
+    let holds_fence = clock.holds_waiting_releases
+        && (awaits_recovery(release) || keeps_fence_through_a_retry(release));
     if release.suspend {
         if release.suspend_owned_by_us() {
             // Ours on a live release: an earlier run (or this pass's failed
@@ -187,6 +188,14 @@ fn decide_from(release: &ReleaseView, storage: Option<&StorageFacts>, clock: &Cl
 /// Whether its storage holds anything to reclaim the listing tells.
 fn awaits_recovery(release: &ReleaseView) -> bool {
     release.is_stuck() && !release.recovery_disabled()
+}
+
+/// A fenced release that helm-controller is passing over right now (`Ready`
+/// Unknown: its retry of a stuck release runs an action between two stuck
+/// answers) keeps the fence until the pass has ended: the release may well
+/// be stuck again, and a delete in that window must still be held.
+fn keeps_fence_through_a_retry(release: &ReleaseView) -> bool {
+    release.has_fence() && release.helm_controller_mid_pass() && !release.recovery_disabled()
 }
 
 fn decide_terminating(

@@ -179,6 +179,53 @@ fn a_stuck_release_fenced_while_its_recovery_waits_goes_on_to_its_storage() {
     );
 }
 
+/// helm-controller's retry of a stuck release, while its action runs.
+fn mid_pass(mut r: ReleaseView) -> ReleaseView {
+    r.ready = Some(ReadyCondition {
+        status: "Unknown".into(),
+        message: "Running 'upgrade' action with timeout of 5m0s".into(),
+    });
+    r
+}
+
+#[test]
+fn a_fenced_release_keeps_its_fence_while_helm_controller_retries_it() {
+    // Its retry shows Ready Unknown between two stuck answers: a delete in
+    // that window must still be held.
+    assert_eq!(
+        decide(&mid_pass(fenced(release())), &clock()),
+        Decision::Nothing { event: None }
+    );
+    assert_eq!(
+        decide(&mid_pass(fenced(ours(release()))), &clock()),
+        Decision::Lift { keep_fence: true }
+    );
+}
+
+#[test]
+fn the_drain_drops_the_fence_of_a_release_helm_controller_is_retrying() {
+    assert_eq!(
+        decide(&mid_pass(fenced(release())), &draining()),
+        Decision::DropFence { event: None }
+    );
+}
+
+#[test]
+fn an_opted_out_release_keeps_no_fence_while_helm_controller_retries_it() {
+    let mut r = mid_pass(fenced(release()));
+    r.annotations
+        .insert(crate::names::RECOVER_ANNOTATION.into(), "disabled".into());
+    assert_eq!(decide(&r, &clock()), Decision::DropFence { event: None });
+}
+
+#[test]
+fn a_release_helm_controller_is_retrying_gets_no_fence_it_did_not_have() {
+    assert_eq!(
+        decide(&mid_pass(release()), &clock()),
+        Decision::Nothing { event: None }
+    );
+}
+
 #[test]
 fn the_drain_drops_the_fence_of_a_stuck_release_waiting_for_its_recovery() {
     assert_eq!(

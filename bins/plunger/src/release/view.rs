@@ -219,6 +219,12 @@ impl ReleaseView {
             .is_some_and(|c| c.status == "False" && c.message.contains(STUCK_MESSAGE))
     }
 
+    /// helm-controller is in the middle of a pass: `Ready` is `Unknown`
+    /// while its action runs.
+    pub fn helm_controller_mid_pass(&self) -> bool {
+        self.ready.as_ref().is_some_and(|c| c.status == "Unknown")
+    }
+
     /// SPEC §2: the suspension is ours only if an `Apply` entry of our manager
     /// owns `f:spec.f:suspend`. Shared ownership still counts.
     pub fn suspend_owned_by_us(&self) -> bool {
