@@ -378,7 +378,7 @@ pub async fn make_stuck_as(
 pub struct FluxPlunger {
     /// Its log (console encoding).
     pub log: std::path::PathBuf,
-    _server: testkit::process::Supervised,
+    server: std::sync::Mutex<testkit::process::Supervised>,
 }
 
 impl FluxPlunger {
@@ -405,7 +405,7 @@ impl FluxPlunger {
         env: &[(&str, &std::path::Path)],
         flags: &[&str],
     ) -> Result<Self> {
-        use testkit::control_plane::{free_ports, workspace_binary};
+        use testkit::control_plane::workspace_binary;
         let binary = workspace_binary("flux-plunger")?;
         // The supervisor removes the directory once flux-plunger stopped.
         let dir = tempfile::Builder::new()
@@ -416,13 +416,14 @@ impl FluxPlunger {
         let kubeconfig = dir.join("kubeconfig");
         testkit::guard::shared()?.write_controller_kubeconfig(&kubeconfig)?;
         let log = dir.join("flux-plunger.log");
-        let [metrics, health] = free_ports()?;
+        // Ports the process binds itself and logs: a port found free here
+        // could be taken by another connection before it binds it.
         let mut args = vec![
             format!("--kubeconfig={}", kubeconfig.display()),
             "--leader-elect=false".to_owned(),
             format!("--watch-namespace={}", ns.name),
-            format!("--metrics-addr=127.0.0.1:{metrics}"),
-            format!("--health-addr=127.0.0.1:{health}"),
+            "--metrics-addr=127.0.0.1:0".to_owned(),
+            "--health-addr=127.0.0.1:0".to_owned(),
             "--log-encoding=console".to_owned(),
             "--log-level=debug".to_owned(),
         ];
@@ -437,20 +438,50 @@ impl FluxPlunger {
         )?;
         let running = Self {
             log,
-            _server: server,
+            server: std::sync::Mutex::new(server),
         };
-        wait_for("flux-plunger's /readyz", || async {
-            Ok((http_status(health, "/readyz").await == Some(200)).then_some(()))
-        })
-        .await
-        .with_context(|| format!("flux-plunger's log:\n{}", running.log_text()))?;
+        let ready = async {
+            let health = wait_for("flux-plunger's health address in its log", || async {
+                running.ensure_running()?;
+                Ok(health_port(&running.log_text()))
+            })
+            .await?;
+            wait_for("flux-plunger's /readyz", || async {
+                running.ensure_running()?;
+                Ok((http_status(health, "/readyz").await == Some(200)).then_some(()))
+            })
+            .await
+        };
+        ready
+            .await
+            .with_context(|| format!("flux-plunger's log:\n{}", running.log_text()))?;
         Ok(running)
+    }
+
+    /// An error once the process has exited (its log went with its
+    /// directory).
+    fn ensure_running(&self) -> Result<()> {
+        anyhow::ensure!(
+            self.server.lock().unwrap().is_running(),
+            "flux-plunger exited during its start"
+        );
+        Ok(())
     }
 
     /// Everything flux-plunger logged so far.
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
+}
+
+/// The health port flux-plunger logged at its start
+/// (`flux-plunger starting metrics=… health=127.0.0.1:PORT …`).
+fn health_port(log: &str) -> Option<u16> {
+    let line = log.lines().find(|l| l.contains("flux-plunger starting"))?;
+    let address = line
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("health="))?;
+    address.rsplit_once(':')?.1.parse().ok()
 }
 
 async fn http_status(port: u16, path: &str) -> Option<u16> {
@@ -463,4 +494,21 @@ async fn http_status(port: u16, path: &str) -> Option<u16> {
     let mut response = String::new();
     stream.read_to_string(&mut response).await.ok()?;
     response.split_whitespace().nth(1)?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::health_port;
+
+    #[test]
+    fn the_health_port_is_read_from_the_start_line() {
+        let log = "2026-12-02T03:06:02.739070Z  INFO flux_plunger::run: flux-plunger starting \
+                   metrics=127.0.0.1:37639 health=127.0.0.1:35177 identity=vm grace_period_seconds=90\n";
+        assert_eq!(health_port(log), Some(35177));
+        assert_eq!(
+            health_port("flux-plunger starting metrics=127.0.0.1:1\n"),
+            None
+        );
+        assert_eq!(health_port(""), None);
+    }
 }

@@ -624,7 +624,8 @@ async fn a_stuck_release_deleted_while_its_recovery_waits_is_uninstalled_unless_
     assert_eq!(
         demo_configmap(&ns, deleted).await?,
         None,
-        "{deleted} uninstalled"
+        "{deleted} uninstalled; flux-plunger's log:\n{}",
+        log()
     );
     assert_eq!(
         revision_statuses(&ns.secrets(), deleted).await?,
