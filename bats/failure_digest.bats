@@ -50,6 +50,28 @@ LOG
   [[ "$output" != *"rust_begin_unwind"* ]]
 }
 
+@test "an error a test returned is shown with its first causes" {
+  cat > "$log" <<'LOG'
+---- a_delete_while_paused stdout ----
+Error: flux-plunger's log:
+
+
+Caused by:
+    timed out after 90s waiting for flux-plunger's /readyz
+    helm-controller log tail:
+    a line of helm-controller's log, not wanted
+
+failures:
+    a_delete_while_paused
+LOG
+  run --separate-stderr "$digest" "$log"
+  [ "$status" -eq 0 ]
+  [[ "$output" == *"Error: flux-plunger's log:"* ]]
+  [[ "$output" == *"timed out after 90s waiting for flux-plunger's /readyz"* ]]
+  [[ "$output" != *"not wanted"* ]]
+  [[ "$output" == *"failed:    a_delete_while_paused"* ]]
+}
+
 @test "a log that is not there is no second failure" {
   run "$digest" "$BATS_TEST_TMPDIR/missing.log"
   [ "$status" -eq 0 ]

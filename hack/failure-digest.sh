@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Prints, at the end of a failed tier, what failed in its log $1: each panic's
-# place and message, and each violating interleavings seed with its scenario
-# and violations. A long run's backtraces and logs bury them; CI shows the end.
+# place and message, each error a test returned with its first causes, and
+# each violating interleavings seed with its scenario and violations. A long run's backtraces and logs bury them; CI shows the end.
 set -uo pipefail
 log=${1:?usage: failure-digest.sh LOG}
 [ -f "$log" ] || exit 0
@@ -16,6 +16,10 @@ awk '
     if (panic != "") { print panic; panic = "" }
     print "   " $0; next_lines--; next
   }
+  # A test that returned an error: its message and the first of its causes.
+  /^Error: / { print; cause_lines = 0; next }
+  /^Caused by:$/ { print; cause_lines = 2; next }
+  cause_lines > 0 && /^    / { print; cause_lines--; next }
   /^=== seed .* VIOLATED ===/ { print; in_seed = 1; next }
   in_seed && /^(scenario|violations):/ { print; next }
   in_seed && /^  - / { print; next }
