@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Prints, at the end of a failed tier, what failed in its log $1: each panic's
 # place and message, each error a test returned with its first causes, and
-# each violating interleavings seed with its scenario and violations. A long run's backtraces and logs bury them; CI shows the end.
+# each violating interleavings seed with its scenario and violations. A long
+# run's backtraces and logs bury them; CI shows the end.
 set -uo pipefail
 log=${1:?usage: failure-digest.sh LOG}
 [ -f "$log" ] || exit 0
