@@ -29,6 +29,7 @@ pub mod helm_controller;
 pub mod node;
 pub mod process;
 pub mod seeded;
+pub mod token_trap;
 
 // Flux's real helm-controller, and what it needs: a chart, an artifact server
 // and a reader of Helm's release storage.

@@ -113,6 +113,16 @@ impl World {
         self.ns.secret_names().await
     }
 
+    /// How many Helm storage Secrets the namespace holds.
+    async fn storage_secret_count(&self) -> Result<usize> {
+        Ok(self
+            .revisions()
+            .await?
+            .iter()
+            .filter(|s| s.starts_with("sh.helm"))
+            .count())
+    }
+
     async fn delete(&self, name: &str) -> Result<()> {
         self.ns
             .releases()

@@ -129,14 +129,7 @@ async fn a_remote_cluster_that_cannot_be_used_is_skipped_with_a_warning() -> Res
             "{name}: {events:?}"
         );
     }
-    assert_eq!(
-        w.revisions()
-            .await?
-            .iter()
-            .filter(|s| s.starts_with("sh.helm"))
-            .count(),
-        2
-    );
+    assert_eq!(w.storage_secret_count().await?, 2);
     Ok(())
 }
 
@@ -201,6 +194,99 @@ async fn a_kubeconfig_secret_that_cannot_be_read_is_retried_not_called_unusable(
             .iter()
             .all(|e| e.reason != "RemoteClusterUnusable"),
         "not called unusable"
+    );
+    Ok(())
+}
+
+/// The kubeconfig Secret is the tenant's: whatever it names, flux-plunger
+/// reads none of its own files and no credential of its own reaches the
+/// tenant's server. The server here is an HTTPS listener trusted by the CA
+/// the kubeconfig carries, as an attacker's server would be; the token file
+/// stands for flux-plunger's ServiceAccount token on its own disk.
+#[tokio::test]
+async fn a_tenants_kubeconfig_gets_no_credential_of_ours_to_its_server() -> Result<()> {
+    use base64::Engine;
+    use k8s_openapi::api::core::v1::Secret;
+    use kube::api::PostParams;
+    use testkit::token_trap::TokenTrap;
+    let w = world("remote-trap").await?;
+    let pki = control_plane().pki();
+    let trap = TokenTrap::start(pki).await?;
+    let files = tempfile::tempdir()?;
+    let token_file = files.path().join("token");
+    std::fs::write(&token_file, "our-service-account-token")?;
+    let (cert_file, key_file) = (files.path().join("tls.crt"), files.path().join("tls.key"));
+    std::fs::write(&cert_file, &pki.admin_cert_pem)?;
+    std::fs::write(&key_file, &pki.admin_key_pem)?;
+    let ca = base64::engine::general_purpose::STANDARD.encode(&pki.ca_cert_pem);
+    let users = [
+        (
+            "token-file",
+            format!("    tokenFile: {}\n", token_file.display()),
+            "tokenFile",
+        ),
+        (
+            "cert-files",
+            format!(
+                "    client-certificate: {}\n    client-key: {}\n",
+                cert_file.display(),
+                key_file.display()
+            ),
+            "client-certificate (",
+        ),
+        (
+            "impersonates",
+            "    token: tenant\n    as: system:serviceaccount:flux-plunger:flux-plunger\n"
+                .to_owned(),
+            "impersonation",
+        ),
+    ];
+    for (name, user, refused) in &users {
+        let kubeconfig = format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: {}\n    certificate-authority-data: {ca}\ncontexts:\n- name: c\n  context: {{cluster: c, user: u}}\ncurrent-context: c\nusers:\n- name: u\n  user:\n{user}",
+            trap.url()
+        );
+        let secret: Secret = serde_json::from_value(json!({
+            "metadata": {"name": format!("{name}-kubeconfig")},
+            "stringData": {"value": kubeconfig},
+        }))?;
+        w.ns.secrets()
+            .create(&PostParams::default(), &secret)
+            .await?;
+        w.ns.create_release(
+            name,
+            json!({"kubeConfig": {"secretRef": {"name": format!("{name}-kubeconfig")}}}),
+        )
+        .await?;
+        w.hc.handle(name).await?;
+        w.ns.mark_stuck(name).await?;
+
+        let outcome = w.reconciler().reconcile(&w.ns.name, name).await;
+
+        assert!(
+            matches!(
+                &outcome,
+                Ok(Outcome::Skipped(SkipReason::RemoteClusterUnusable { .. }))
+            ),
+            "{name}: {outcome:?}"
+        );
+        let events = w.ns.events_for(name).await?;
+        assert!(
+            events.iter().any(|e| e.reason == "RemoteClusterUnusable"
+                && e.type_ == "Warning"
+                && e.note.contains(refused)),
+            "{name}: {events:?}"
+        );
+    }
+    let caught = trap.caught();
+    assert!(
+        caught.authorization_headers().is_empty(),
+        "a credential reached the tenant's server: {:?}",
+        caught.authorization_headers()
+    );
+    assert_eq!(
+        caught.connections, 0,
+        "nothing dials the tenant's server: {caught:?}"
     );
     Ok(())
 }
