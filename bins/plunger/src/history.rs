@@ -11,18 +11,65 @@
 //!
 //! Pure: the payload is decoded here, the Secret is read by `storage`.
 
-use std::io::Read;
+use std::io::{BufReader, Read};
 
 use base64::Engine;
+use serde::Deserialize;
+use serde_json::value::RawValue;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
-/// A Helm release decompresses to far less than this; more is not a release
-/// (a gzip bomb would otherwise be read whole).
-const MAX_RELEASE_JSON_BYTES: u64 = 64 * 1024 * 1024;
+/// The most of a `release` value read at all: a Secret holds at most 1 MiB,
+/// so a longer value is no revision Helm wrote.
+const MAX_PAYLOAD_BYTES: usize = 1024 * 1024;
+
+/// The most a stored release may inflate to. A Secret holds 1 MiB of base64
+/// (768 KiB of gzip); Helm's release JSON (manifests, base64'd chart files)
+/// compresses about five- to tenfold, so 16 MiB is what a 1 MiB Secret can
+/// honestly hold, with room. More is a gzip bomb, refused before it is read.
+const MAX_RELEASE_JSON_BYTES: u64 = 16 * 1024 * 1024;
 
 /// gzip's magic bytes, which Helm's decoder looks for before inflating.
 const GZIP_MAGIC: [u8; 3] = [0x1f, 0x8b, 0x08];
+
+/// The fields of a stored Helm release the snapshot is made of. Every
+/// other field (the manifest, the chart's files and templates, hooks) is
+/// skipped as the JSON streams past, never built into a tree: a payload
+/// written by whoever can create a Secret in the storage namespace cannot
+/// make flux-plunger hold more than its few strings and its values.
+#[derive(Deserialize)]
+struct StoredRelease {
+    name: Option<String>,
+    namespace: Option<String>,
+    version: Option<u64>,
+    info: Option<StoredInfo>,
+    chart: Option<StoredChart>,
+    /// The values, as Helm serialized them: Helm writes the release with
+    /// Go's `json.Marshal`, which is how helm-controller digests values, so
+    /// the digest is taken of these very bytes.
+    config: Option<Box<RawValue>>,
+}
+
+#[derive(Deserialize)]
+struct StoredInfo {
+    status: Option<String>,
+    first_deployed: Option<String>,
+    last_deployed: Option<String>,
+    deleted: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct StoredChart {
+    metadata: Option<StoredChartMetadata>,
+}
+
+#[derive(Deserialize)]
+struct StoredChartMetadata {
+    name: Option<String>,
+    version: Option<String>,
+    #[serde(rename = "appVersion")]
+    app_version: Option<String>,
+}
 
 /// One entry of helm-controller's `status.history`, as flux-plunger writes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -49,57 +96,68 @@ pub struct HistorySnapshot {
 impl HistorySnapshot {
     /// The snapshot of the release stored in a Secret's `release` value
     /// (`base64(gzip(JSON))`, or `base64(JSON)` as older Helm stored it),
-    /// which must be revision `version` of release `name`.
+    /// which must be revision `version` of release `name`. The JSON is
+    /// decoded as it inflates, bounded, and hashed on the way.
     pub fn from_payload(payload: &[u8], name: &str, version: u64) -> Result<Self, String> {
-        let json = decode_payload(payload)?;
-        let release: Value = serde_json::from_slice(&json)
-            .map_err(|e| format!("the stored release is not JSON: {e}"))?;
-        Self::from_release(&release, &json, name, version)
+        let (release, digest) = decode_stored_release(payload)?;
+        Self::from_release(release, digest, name, version)
     }
 
-    fn from_release(release: &Value, raw: &[u8], name: &str, version: u64) -> Result<Self, String> {
-        let text = |pointer: &str| {
-            release
-                .pointer(pointer)
-                .and_then(Value::as_str)
-                .filter(|s| !s.is_empty())
-                .map(str::to_owned)
+    fn from_release(
+        release: StoredRelease,
+        digest: String,
+        name: &str,
+        version: u64,
+    ) -> Result<Self, String> {
+        let non_empty = |text: Option<String>| text.filter(|s| !s.is_empty());
+        let required = |text: Option<String>, pointer: &str| {
+            non_empty(text).ok_or_else(|| format!("the stored release has no {pointer}"))
         };
-        let required = |pointer: &str| {
-            text(pointer).ok_or_else(|| format!("the stored release has no {pointer}"))
-        };
-        let stored_name = required("/name")?;
+        let stored_name = required(release.name, "/name")?;
         let stored_version = release
-            .get("version")
-            .and_then(Value::as_u64)
+            .version
             .ok_or("the stored release has no /version")?;
         if stored_name != name || stored_version != version {
             return Err(format!(
                 "the stored release is {stored_name} v{stored_version}, not {name} v{version} as its Secret says"
             ));
         }
-        let time = |pointer: &str| -> Result<Option<String>, String> {
-            text(pointer).map(|t| whole_seconds_utc(&t)).transpose()
+        let time = |text: Option<String>| -> Result<Option<String>, String> {
+            non_empty(text).map(|t| whole_seconds_utc(&t)).transpose()
         };
+        let info = release.info.unwrap_or(StoredInfo {
+            status: None,
+            first_deployed: None,
+            last_deployed: None,
+            deleted: None,
+        });
+        let metadata = release.chart.and_then(|c| c.metadata);
+        let (chart_name, chart_version, app_version) = match metadata {
+            Some(m) => (m.name, m.version, m.app_version),
+            None => (None, None, None),
+        };
+        let config = release
+            .config
+            .as_deref()
+            .map_or("null", RawValue::get)
+            .as_bytes()
+            .to_vec();
         Ok(Self {
             name: stored_name,
-            namespace: required("/namespace")?,
+            namespace: required(release.namespace, "/namespace")?,
             version: stored_version,
-            status: required("/info/status")?,
-            chart_name: required("/chart/metadata/name")?,
-            chart_version: required("/chart/metadata/version")?,
-            app_version: text("/chart/metadata/appVersion"),
-            config_digest: sha256_digest(
-                &serde_json::to_vec(release.get("config").unwrap_or(&Value::Null))
-                    .expect("a JSON value serializes"),
-            ),
-            digest: sha256_digest(raw),
-            first_deployed: time("/info/first_deployed")?
+            status: required(info.status, "/info/status")?,
+            chart_name: required(chart_name, "/chart/metadata/name")?,
+            chart_version: required(chart_version, "/chart/metadata/version")?,
+            app_version: non_empty(app_version),
+            config_digest: sha256_digest(&config),
+            digest,
+            first_deployed: time(info.first_deployed)?
                 .ok_or("the stored release has no /info/first_deployed")?,
-            last_deployed: time("/info/last_deployed")?
+            last_deployed: time(info.last_deployed)?
                 .ok_or("the stored release has no /info/last_deployed")?,
             // Helm 3 writes "" for a release never deleted; a zero time is none.
-            deleted: time("/info/deleted")?.filter(|t| !t.starts_with("0001-")),
+            deleted: time(info.deleted)?.filter(|t| !t.starts_with("0001-")),
         })
     }
 
@@ -151,32 +209,95 @@ impl HistorySnapshot {
     }
 }
 
-/// The release JSON inside a storage Secret's `release` value.
-pub fn decode_payload(payload: &[u8]) -> Result<Vec<u8>, String> {
+/// The stored release inside a storage Secret's `release` value, and the
+/// `sha256:` digest of its JSON, decoded in one bounded pass.
+fn decode_stored_release(payload: &[u8]) -> Result<(StoredRelease, String), String> {
+    if payload.len() > MAX_PAYLOAD_BYTES * 4 / 3 + 4 {
+        return Err(format!(
+            "the stored release is {} bytes of base64, more than a Secret holds",
+            payload.len()
+        ));
+    }
     let decoded = base64::engine::general_purpose::STANDARD
         .decode(payload)
         .map_err(|e| format!("the stored release is not base64: {e}"))?;
-    if !decoded.starts_with(&GZIP_MAGIC) {
-        return Ok(decoded);
-    }
-    let mut json = Vec::new();
-    flate2::read::GzDecoder::new(&decoded[..])
-        .take(MAX_RELEASE_JSON_BYTES + 1)
-        .read_to_end(&mut json)
-        .map_err(|e| format!("the stored release is not gzip: {e}"))?;
-    if json.len() as u64 > MAX_RELEASE_JSON_BYTES {
+    let compressed = decoded.starts_with(&GZIP_MAGIC);
+    let source: Box<dyn Read + '_> = if compressed {
+        Box::new(flate2::read::GzDecoder::new(&decoded[..]))
+    } else {
+        Box::new(&decoded[..])
+    };
+    let mut json = BoundedDigest::new(source);
+    let read = {
+        let mut reader = BufReader::new(&mut json);
+        let mut de = serde_json::Deserializer::from_reader(&mut reader);
+        StoredRelease::deserialize(&mut de).and_then(|release| de.end().map(|()| release))
+    };
+    if json.over_bound {
         return Err(format!(
             "the stored release inflates past {MAX_RELEASE_JSON_BYTES} bytes"
         ));
     }
-    Ok(json)
+    if let Some(err) = json.read_error.take() {
+        return Err(format!("the stored release is not gzip: {err}"));
+    }
+    let release = read.map_err(|e| format!("the stored release is not JSON: {e}"))?;
+    Ok((release, json.digest()))
+}
+
+/// A reader that hashes what passes through it and fails once more than
+/// [`MAX_RELEASE_JSON_BYTES`] have; it remembers why it failed, since the
+/// JSON decoder reports any read failure as its own.
+struct BoundedDigest<R> {
+    inner: R,
+    hasher: Sha256,
+    read: u64,
+    over_bound: bool,
+    read_error: Option<std::io::Error>,
+}
+
+impl<R: Read> BoundedDigest<R> {
+    fn new(inner: R) -> Self {
+        Self {
+            inner,
+            hasher: Sha256::new(),
+            read: 0,
+            over_bound: false,
+            read_error: None,
+        }
+    }
+
+    fn digest(self) -> String {
+        hex_digest(&self.hasher.finalize())
+    }
+}
+
+impl<R: Read> Read for BoundedDigest<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = match self.inner.read(buf) {
+            Ok(n) => n,
+            Err(err) => {
+                let kind = err.kind();
+                self.read_error = Some(err);
+                return Err(std::io::Error::new(kind, "unreadable"));
+            }
+        };
+        self.read += n as u64;
+        if self.read > MAX_RELEASE_JSON_BYTES {
+            self.over_bound = true;
+            return Err(std::io::Error::other("past the bound"));
+        }
+        self.hasher.update(&buf[..n]);
+        Ok(n)
+    }
 }
 
 fn sha256_digest(bytes: &[u8]) -> String {
-    let hex: String = Sha256::digest(bytes)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
+    hex_digest(&Sha256::digest(bytes))
+}
+
+fn hex_digest(digest: &[u8]) -> String {
+    let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
     format!("sha256:{hex}")
 }
 
@@ -307,17 +428,57 @@ mod tests {
         assert!(err.contains("not RFC 3339"), "{err}");
     }
 
-    #[test]
-    fn a_payload_inflating_past_the_bound_is_refused() {
+    /// A gzip of `{"manifest": [0,0,0,…]}`: valid JSON for as far as it is
+    /// read, so only the bound stops it.
+    fn bomb(field: &str, elements: u64) -> Vec<u8> {
         let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
-        let zeros = vec![0u8; 1024 * 1024];
-        for _ in 0..=MAX_RELEASE_JSON_BYTES / zeros.len() as u64 {
-            gz.write_all(&zeros).unwrap();
+        gz.write_all(format!("{{\"{field}\":[0").as_bytes())
+            .unwrap();
+        let chunk = ",0".repeat(512 * 1024);
+        for _ in 0..elements / (512 * 1024) {
+            gz.write_all(chunk.as_bytes()).unwrap();
         }
-        let bomb = base64::engine::general_purpose::STANDARD
+        gz.write_all(b"]}").unwrap();
+        base64::engine::general_purpose::STANDARD
             .encode(gz.finish().unwrap())
+            .into_bytes()
+    }
+
+    #[test]
+    fn a_payload_inflating_past_the_bound_is_refused_before_it_is_read_whole() {
+        for field in ["manifest", "config"] {
+            let payload = bomb(field, MAX_RELEASE_JSON_BYTES / 2 + 1024 * 1024);
+            assert!(payload.len() < MAX_PAYLOAD_BYTES, "a Secret could hold it");
+            let err = HistorySnapshot::from_payload(&payload, "demo", 2).unwrap_err();
+            assert!(err.contains("inflates past"), "{field}: {err}");
+        }
+    }
+
+    #[test]
+    fn a_large_field_the_snapshot_does_not_need_is_skipped_and_still_digested() {
+        let mut release = stored();
+        release["manifest"] = json!(vec![0; 2 * 1024 * 1024]);
+        let raw = serde_json::to_vec(&release).unwrap();
+        let snapshot = HistorySnapshot::from_payload(&payload(&release), "demo", 2).unwrap();
+        assert_eq!(snapshot.digest, sha256_digest(&raw));
+        assert_eq!(snapshot.chart_name, "demo");
+    }
+
+    #[test]
+    fn a_value_longer_than_a_secret_holds_is_not_decoded() {
+        let long = vec![b'A'; MAX_PAYLOAD_BYTES * 2];
+        let err = HistorySnapshot::from_payload(&long, "demo", 2).unwrap_err();
+        assert!(err.contains("more than a Secret holds"), "{err}");
+    }
+
+    #[test]
+    fn trailing_bytes_after_the_release_are_refused() {
+        let mut raw = serde_json::to_vec(&stored()).unwrap();
+        raw.extend_from_slice(b" {}");
+        let plain = base64::engine::general_purpose::STANDARD
+            .encode(raw)
             .into_bytes();
-        let err = decode_payload(&bomb).unwrap_err();
-        assert!(err.contains("inflates past"), "{err}");
+        let err = HistorySnapshot::from_payload(&plain, "demo", 2).unwrap_err();
+        assert!(err.contains("not JSON"), "{err}");
     }
 }

@@ -43,6 +43,13 @@ fn storage_list_params(location: &StorageLocation) -> ListParams {
         .fields(&format!("type={HELM_STORAGE_SECRET_TYPE}"))
 }
 
+/// One payload is read and decoded at a time in a process: the drain works
+/// on many releases at once, and a payload (written by whoever can create a
+/// Secret in the storage namespace) costs up to a Secret's megabyte and the
+/// values it inflates to, so sixteen at once could pass the pod's memory
+/// limit where one cannot.
+static PAYLOAD_READS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(1);
+
 /// Reads one revision's payload and makes helm-controller's history entry of
 /// it; the inner error says why the payload is not a readable release.
 pub async fn read_snapshot(
@@ -50,6 +57,10 @@ pub async fn read_snapshot(
     revision: &StorageRevision,
     release_name: &str,
 ) -> kube::Result<Result<HistorySnapshot, String>> {
+    let _one_at_a_time = PAYLOAD_READS
+        .acquire()
+        .await
+        .expect("the payload semaphore is never closed");
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &revision.namespace);
     let secret = secrets.get(&revision.name).await?;
     let Some(payload) = secret.data.as_ref().and_then(|d| d.get("release")) else {
