@@ -237,6 +237,13 @@ fn decide_terminating(
     if !release.has_fence() {
         return Decision::Nothing { event: None };
     }
+    if !release.fence_owned_by_us() {
+        // Somebody else's copy of the fence: holding, handing over, asking
+        // for a reconcile or reclaiming on its word would let whoever can
+        // create a release drive flux-plunger's reads and deletes. It is
+        // only removed.
+        return Decision::DropFence { event: None };
+    }
     if !release.delete_handled_by_helm_controller() || release.reconcile_request_pending() {
         return hold(release, clock);
     }

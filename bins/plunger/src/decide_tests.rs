@@ -64,9 +64,23 @@ fn ours(r: ReleaseView) -> ReleaseView {
     suspended_by(r, "flux-plunger", "Apply")
 }
 
-fn fenced(mut r: ReleaseView) -> ReleaseView {
+/// Fenced by flux-plunger: its `Apply` entry owns the finalizer.
+fn fenced(r: ReleaseView) -> ReleaseView {
+    fenced_by(r, "flux-plunger", "Apply")
+}
+
+/// The fence put there by `manager` (a client-side create is an `Update`).
+fn fenced_by(mut r: ReleaseView, manager: &str, operation: &str) -> ReleaseView {
     r.finalizers.push(FENCE_FINALIZER.into());
     r.fence_labelled = true;
+    r.managed_fields.push(ManagedFieldsEntry {
+        manager: Some(manager.into()),
+        operation: Some(operation.into()),
+        fields_v1: Some(FieldsV1(
+            json!({"f:metadata": {"f:finalizers": {format!("v:\"{FENCE_FINALIZER}\""): {}}}}),
+        )),
+        ..Default::default()
+    });
     r
 }
 
@@ -1077,4 +1091,46 @@ fn a_recovery_says_what_is_true_of_the_release_after_its_final_lift() {
         assert_eq!((event.reason, event.warning), ("Recovered", false));
         assert!(event.note.starts_with("reclaimed Helm storage revision 2"));
     }
+}
+
+/// A fence flux-plunger did not set (a tenant's client-side create carrying
+/// the finalizer, or an apply under another manager's name) drives nothing
+/// of SPEC §5: the deleted release is neither held, nor handed over, nor
+/// asked to reconcile; the copy is only removed.
+#[test]
+fn a_deleted_release_whose_fence_is_not_ours_is_only_let_go_of_the_fence() {
+    let clock = clock();
+    for (manager, operation) in [
+        ("kubectl-create", "Update"),
+        ("tenant", "Apply"),
+        ("flux-plunger", "Update"),
+    ] {
+        let self_fenced = terminating(fenced_by(stuck(release()), manager, operation));
+        assert!(!self_fenced.fence_owned_by_us(), "{manager} {operation}");
+        assert_eq!(
+            decide(&self_fenced, &clock),
+            Decision::DropFence { event: None },
+            "{manager} {operation}: held by its word"
+        );
+        let mut handled = self_fenced.clone();
+        handled
+            .finalizers
+            .retain(|f| f != HELM_CONTROLLER_FINALIZER);
+        assert_eq!(
+            decide(&handled, &clock),
+            Decision::DropFence { event: None },
+            "{manager} {operation}: no storage read, no hand-over"
+        );
+    }
+}
+
+/// Our suspension on a deleted release whose fence another manager listed
+/// a second time (which moves the ownership of both copies to it): the
+/// suspension and the fence were applied together, so the fence is still
+/// ours and the release is handed over as any other.
+#[test]
+fn under_our_suspension_a_fence_listed_again_by_another_manager_is_still_ours() {
+    let release = terminating(fenced_by(ours(stuck(release())), "kubectl-patch", "Update"));
+    assert!(release.fence_owned_by_us());
+    assert_eq!(decide(&release, &clock()), Decision::ReadStorage);
 }

@@ -252,6 +252,22 @@ impl ReleaseView {
         self.finalizers.iter().any(|f| f == FENCE_FINALIZER)
     }
 
+    /// The fence is flux-plunger's own: an `Apply` entry of our manager owns
+    /// it, or our suspension is in force (SPEC §3: the two are applied
+    /// together, and a fence another manager listed a second time takes the
+    /// ownership of both copies with it). A copy anybody else put there (a
+    /// client-side create carrying the finalizer is enough) drives nothing
+    /// of SPEC §5: it is only removed.
+    pub fn fence_owned_by_us(&self) -> bool {
+        self.has_fence()
+            && (self.suspended_by_us()
+                || self.managed_fields.iter().any(|entry| {
+                    entry.manager.as_deref() == Some(FIELD_MANAGER)
+                        && entry.operation.as_deref() == Some("Apply")
+                        && owns_fence(entry)
+                }))
+    }
+
     /// Positions of our fence in `metadata.finalizers` (it may appear twice).
     pub fn fence_indices(&self) -> Vec<usize> {
         self.finalizers
@@ -351,6 +367,17 @@ fn owns_suspend(entry: &ManagedFieldsEntry) -> bool {
         .as_ref()
         .and_then(|f| f.0.get("f:spec"))
         .and_then(|spec| spec.get("f:suspend"))
+        .is_some()
+}
+
+fn owns_fence(entry: &ManagedFieldsEntry) -> bool {
+    let key = format!("v:{}", serde_json::json!(FENCE_FINALIZER));
+    entry
+        .fields_v1
+        .as_ref()
+        .and_then(|f| f.0.get("f:metadata"))
+        .and_then(|metadata| metadata.get("f:finalizers"))
+        .and_then(|finalizers| finalizers.get(&key))
         .is_some()
 }
 

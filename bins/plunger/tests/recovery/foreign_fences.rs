@@ -225,3 +225,51 @@ async fn a_fence_listed_twice_under_a_shared_suspension_is_reported_not_retried_
     testkit::strip_fences(&w.ns).await?;
     Ok(())
 }
+
+/// A tenant's own release, stuck, carrying the fence under the tenant's
+/// manager (a merge patch, as a client-side create with the finalizer would
+/// list it), then deleted: flux-plunger is not driven by a fence it did not
+/// set. It reads no storage, writes no history and asks for no reconcile; it
+/// only removes the copy, and the release goes.
+#[tokio::test]
+async fn a_fence_the_tenant_set_drives_no_hand_over_and_is_only_removed() -> Result<()> {
+    let w = world("self-fenced").await?;
+    w.stuck_release("web", &[(1, "superseded"), (2, "uninstalling")])
+        .await?;
+    add_fence_as(&w, "web", "tenant").await?;
+    w.delete("web").await?;
+    assert_eq!(
+        w.hc.handle("web").await?,
+        Handled::NothingRecordedToUninstall
+    );
+    let offset = audit::mark();
+
+    assert_eq!(
+        w.reconciler().reconcile(&w.ns.name, "web").await?,
+        Outcome::FenceDropped
+    );
+
+    assert!(w.get("web").await?.is_none(), "the release goes");
+    // The removal is the pass's last request: once it is logged, so is
+    // everything the pass did before it.
+    audited(&w.ns.name, offset, 1, |r| {
+        r.is_write() && r.resource() == "helmreleases"
+    })
+    .await?;
+    let acted = audit::read_since(offset)?
+        .into_iter()
+        .filter(|r| r.namespace.as_deref() == Some(w.ns.name.as_str()))
+        .filter(|r| r.resource() == "secrets" || r.resource() == "helmreleases/status")
+        .map(|r| r.label())
+        .collect::<Vec<_>>();
+    assert!(
+        acted.is_empty(),
+        "no storage read, no history written: {acted:?}"
+    );
+    assert_eq!(
+        w.storage_secret_count().await?,
+        2,
+        "the storage is untouched"
+    );
+    Ok(())
+}
