@@ -115,6 +115,11 @@ fn parse_revision(
     secret: &ListedSecret,
     location: &StorageLocation,
 ) -> Result<StorageRevision, String> {
+    if secret.metadata.deletion_timestamp.is_some() {
+        // Deleted already, its delete held by a finalizer: deleting it again
+        // changes nothing, and reclaiming it again would repeat forever.
+        return Err("it is being deleted already (a finalizer holds it)".to_owned());
+    }
     let labels = secret.labels();
     let label = |key: &str| labels.get(key).map(String::as_str);
     if label(HELM_STORAGE_OWNER_LABEL) != Some("helm") {
@@ -245,6 +250,22 @@ mod tests {
         let (revisions, ignored) = parse_revisions(&odd, &location());
         assert!(revisions.is_empty(), "{revisions:?}");
         assert_eq!(ignored.len(), odd.len());
+    }
+
+    #[test]
+    fn a_secret_being_deleted_is_never_a_revision_to_reclaim_again() {
+        let mut held = good(3, "uninstalling");
+        held.metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+            ));
+        let (revisions, ignored) = parse_revisions(&[good(2, "deployed"), held], &location());
+        assert_eq!(
+            revisions.iter().map(|r| r.revision).collect::<Vec<_>>(),
+            vec![2]
+        );
+        assert_eq!(ignored.len(), 1);
+        assert!(ignored[0].why.contains("being deleted"), "{:?}", ignored[0]);
     }
 
     #[test]

@@ -581,3 +581,66 @@ async fn a_release_no_longer_stuck_when_read_again_before_the_acquire_is_not_rec
     );
     Ok(())
 }
+
+/// The newest revision's delete is held by a finalizer (an admission
+/// controller, a backup tool, or the tenant who wrote it): it stays listed,
+/// `Terminating`. flux-plunger never deletes it again, not even once, and a
+/// second pass does not either: no reclaim repeats for ever.
+#[tokio::test]
+async fn a_storage_secret_whose_delete_is_held_is_not_deleted_again() -> Result<()> {
+    const HOLD: &str = "example.com/hold";
+    let w = world("held-storage").await?;
+    w.stuck_release("web", &[(1, "deployed"), (2, "uninstalling")])
+        .await?;
+    let held = "sh.helm.release.v1.web.v2";
+    let secrets = w.ns.secrets();
+    secrets
+        .patch(
+            held,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"finalizers": [HOLD]}})),
+        )
+        .await?;
+    secrets.delete(held, &DeleteParams::default()).await?;
+    let offset = audit::mark();
+
+    for _ in 0..2 {
+        let outcome = w.reconciler().reconcile(&w.ns.name, "web").await?;
+        assert!(
+            matches!(outcome, Outcome::Skipped(_)),
+            "nothing left to reclaim: {outcome:?}"
+        );
+    }
+
+    // Each pass lists the storage, then decides: once both listings are
+    // logged, so is anything either pass sent to the storage.
+    audited(&w.ns.name, offset, 2, |r| {
+        r.verb == "list" && r.resource() == "secrets"
+    })
+    .await?;
+    let deletes = audit::read_since(offset)?
+        .into_iter()
+        .filter(|r| r.namespace.as_deref() == Some(w.ns.name.as_str()))
+        .filter(|r| r.verb == "delete" && r.resource() == "secrets")
+        .map(|r| r.label())
+        .collect::<Vec<_>>();
+    assert!(
+        deletes.is_empty(),
+        "no delete of a Secret being deleted: {deletes:?}"
+    );
+    let listed = secrets.get(held).await?;
+    assert!(listed.metadata.deletion_timestamp.is_some());
+    assert_eq!(
+        w.revisions().await?,
+        vec!["sh.helm.release.v1.web.v1", held],
+        "the revision below is kept"
+    );
+    secrets
+        .patch(
+            held,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+        )
+        .await?;
+    Ok(())
+}
