@@ -83,6 +83,104 @@ with separate scopes never let go of each other's releases.
 {{- end }}
 
 {{/*
+Whether the install is scoped to namespaces (controller.watchNamespaces set).
+Scoped, the chart grants the controller, the drain and the pre-delete hook
+their HelmRelease, Event and Secret permissions by a Role and RoleBinding in
+each namespace they act in, never cluster-wide, and the admission guard
+refuses their writes elsewhere. Renders "true" or nothing.
+*/}}
+{{- define "flux-plunger.scoped" -}}
+{{- if .Values.controller.watchNamespaces -}}
+true
+{{- end }}
+{{- end }}
+
+{{/* The watched namespaces, each once, in the order given. A YAML list. */}}
+{{- define "flux-plunger.watchNamespaces" -}}
+{{- toYaml (uniq .Values.controller.watchNamespaces) }}
+{{- end }}
+
+{{/*
+The namespaces a scoped install reads and deletes Helm storage in: the
+watched ones (a release's storage is in its own namespace unless its
+spec.storageNamespace says otherwise; a remote kubeConfig's Secret is in
+the release's namespace too), then controller.storageNamespaces, each once.
+A YAML list.
+*/}}
+{{- define "flux-plunger.storageNamespaces" -}}
+{{- toYaml (concat .Values.controller.watchNamespaces .Values.controller.storageNamespaces | uniq) }}
+{{- end }}
+
+{{/* The per-namespace Role and RoleBinding of a scoped install: "<fullname>-scope". */}}
+{{- define "flux-plunger.scopeRoleName" -}}
+{{- printf "%s-scope" (include "flux-plunger.fullname" . | trunc 57 | trimSuffix "-") }}
+{{- end }}
+
+{{/* The hook's per-namespace Role and RoleBinding of a scoped install: "<hook name>-scope". */}}
+{{- define "flux-plunger.hookScopeRoleName" -}}
+{{- printf "%s-scope" (include "flux-plunger.hookName" . | trunc 57 | trimSuffix "-") }}
+{{- end }}
+
+{{/*
+The controller's rules on HelmReleases and Events, cluster-wide (ClusterRole)
+or in one watched namespace (Role).
+*/}}
+{{- define "flux-plunger.releaseRules" -}}
+# Watch the releases; every write is a server-side apply or a JSON/merge
+# patch, so `patch` is the only write verb.
+- apiGroups:
+    - helm.toolkit.fluxcd.io
+  resources:
+    - helmreleases
+  verbs:
+    - get
+    - list
+    - watch
+    - patch
+# A release deleted after helm-controller cleared its history is handed to
+# helm-controller's uninstall by writing its newest revision to
+# status.history (a merge patch locked on the resourceVersion read).
+- apiGroups:
+    - helm.toolkit.fluxcd.io
+  resources:
+    - helmreleases/status
+  verbs:
+    - patch
+{{- end }}
+
+{{/*
+The controller's rule on Secrets, cluster-wide or in one namespace. Helm's
+storage Secrets are read straight from the apiserver when a decision depends
+on them and are never watched: a watch would cache every Secret in reach in
+the controller.
+*/}}
+{{- define "flux-plunger.secretRules" -}}
+- apiGroups:
+    - ""
+  resources:
+    - secrets
+  verbs:
+    - get
+    - list
+    - delete
+{{- end }}
+
+{{/*
+The controller's rule on Events. kube's event recorder writes
+events.k8s.io/v1 Events only, in the HelmRelease's namespace (a repeat
+becomes a series: `patch`); the core group's Events are never written.
+*/}}
+{{- define "flux-plunger.eventRules" -}}
+- apiGroups:
+    - events.k8s.io
+  resources:
+    - events
+  verbs:
+    - create
+    - patch
+{{- end }}
+
+{{/*
 Labels of every object. Call with (dict "context" $ "component" "...").
 */}}
 {{- define "flux-plunger.labels" -}}

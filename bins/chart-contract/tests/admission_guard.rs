@@ -10,12 +10,14 @@
 //! every case starts from the same objects.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use anyhow::{Result, ensure};
 use chart_contract::install::Setup;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use plunger::apply::{self, Claim};
@@ -208,6 +210,184 @@ async fn with_its_own_token_the_chart_s_service_account_is_refused_what_flux_plu
     );
     assert!(testkit::is_recovered(&web, 1), "{web:?}");
     assert_eq!(apps.secret_names().await?, vec!["credentials"]);
+    Ok(())
+}
+
+/// Refused by RBAC (403, and not by an admission policy).
+fn refused_by_rbac<T>(result: &kube::Result<T>) -> bool {
+    matches!(result, Err(kube::Error::Api(status))
+        if status.code == 403 && !status.message.contains("ValidatingAdmissionPolicy"))
+}
+
+const RELEASES_IN_SCOPE: &str = "patches HelmReleases only in the namespaces it watches";
+const STORAGE_IN_SCOPE: &str = "deletes Helm storage only in the namespaces it watches";
+const EVENTS_IN_SCOPE: &str = "writes Events only in the namespaces it watches";
+
+/// A multi-tenant cluster: the chart installed for tenant A
+/// (`controller.watchNamespaces`) binds its token nothing in tenant B's
+/// namespace, and its guard refuses it there even once RBAC allows it
+/// everything (another binding, a stolen token with more power); in A, a
+/// recovery's writes still go through.
+#[tokio::test]
+async fn scoped_to_one_namespace_the_chart_s_token_is_refused_another_s_releases_and_storage()
+-> Result<()> {
+    let setup = Setup::new("guard-scoped").await?;
+    let admin = setup.ns.client.clone();
+    let tenant_a = TestNamespace::create(&admin, "guard-scoped-a").await?;
+    let tenant_b = TestNamespace::create(&admin, "guard-scoped-b").await?;
+    setup.install(&[
+        "--set",
+        &format!("controller.watchNamespaces={{{}}}", tenant_a.name),
+    ])?;
+    let own = control_plane()
+        .service_account_client(&admin, &setup.ns.name, &setup.fullname())
+        .await?;
+    // Probed in A: in the release namespace, not watched, RBAC refuses first.
+    testkit::guard::wait_enforced(&admin, &own, &tenant_a.name, &setup.fullname()).await?;
+    for tenant in [&tenant_a, &tenant_b] {
+        release_with_values(tenant, "web").await?;
+        tenant
+            .create_storage_secret("web", 1, "uninstalling")
+            .await?;
+    }
+    let storage = "sh.helm.release.v1.web.v1";
+    let view_of = |tenant: &TestNamespace| {
+        let releases = tenant.releases();
+        async move { anyhow::Ok(ReleaseView::from_object(&releases.get("web").await?)) }
+    };
+    let b_secrets: Api<Secret> = Api::namespaced(own.clone(), &tenant_b.name);
+    let b_releases = helmreleases(own.clone(), &tenant_b.name);
+    let suspend = Patch::Merge(json!({"spec": {"suspend": true}}));
+
+    // With the chart's RBAC alone: nothing at all in B.
+    let mut wrong = Vec::new();
+    let mut expect_rbac = |what: &str, refused: bool| {
+        if !refused {
+            wrong.push(format!("{what} in tenant B: should be refused by RBAC"));
+        }
+    };
+    expect_rbac(
+        "delete the storage revision",
+        refused_by_rbac(&b_secrets.delete(storage, &DeleteParams::default()).await),
+    );
+    expect_rbac(
+        "apply the suspension and the fence",
+        refused_by_rbac(
+            &apply::apply(
+                &own,
+                &view_of(&tenant_b).await?,
+                Claim::SUSPEND_AND_FENCE,
+                false,
+            )
+            .await,
+        ),
+    );
+    expect_rbac(
+        "patch spec.suspend",
+        refused_by_rbac(
+            &b_releases
+                .patch("web", &PatchParams::default(), &suspend)
+                .await,
+        ),
+    );
+    expect_rbac(
+        "list Secrets",
+        refused_by_rbac(&b_secrets.list_metadata(&Default::default()).await),
+    );
+    expect_rbac(
+        "list HelmReleases",
+        refused_by_rbac(&b_releases.list(&Default::default()).await),
+    );
+    ensure!(wrong.is_empty(), "{}", wrong.join("\n"));
+
+    // In A, a recovery's writes, by flux-plunger's own write functions.
+    let mut verdicts = Verdicts::new(&setup.fullname());
+    let a_secrets: Api<Secret> = Api::namespaced(own.clone(), &tenant_a.name);
+    verdicts.allowed(
+        "apply the suspension and the fence in tenant A",
+        apply::apply(
+            &own,
+            &view_of(&tenant_a).await?,
+            Claim::SUSPEND_AND_FENCE,
+            false,
+        )
+        .await,
+    );
+    verdicts.allowed(
+        "delete the storage revision in tenant A",
+        a_secrets.delete(storage, &DeleteParams::default()).await,
+    );
+    verdicts.allowed(
+        "lift the suspension and the fence in tenant A",
+        apply::apply(&own, &view_of(&tenant_a).await?, Claim::NOTHING, false).await,
+    );
+    verdicts.check()?;
+
+    // RBAC that grants the same token everything: the guard still refuses
+    // it B, and still lets it act in A.
+    let binding = control_plane()
+        .grant_cluster_admin(&admin, &setup.ns.name, &[&setup.fullname()])
+        .await?;
+    let granted = testkit::eventually(
+        Duration::from_secs(30),
+        "cluster-admin reaches the chart's ServiceAccount",
+        || async { Ok(b_secrets.list_metadata(&Default::default()).await.is_ok()) },
+    )
+    .await;
+    let mut verdicts = Verdicts::new(&setup.fullname());
+    verdicts.refused(
+        "delete the storage revision in tenant B",
+        b_secrets.delete(storage, &dry_delete()).await,
+        STORAGE_IN_SCOPE,
+    );
+    verdicts.refused(
+        "patch spec.suspend in tenant B",
+        b_releases.patch("web", &dry_patch(), &suspend).await,
+        RELEASES_IN_SCOPE,
+    );
+    verdicts.refused(
+        "patch status.history in tenant B",
+        b_releases
+            .patch_status(
+                "web",
+                &dry_patch(),
+                &Patch::Merge(json!({"status": {"history": [snapshot()]}})),
+            )
+            .await,
+        RELEASES_IN_SCOPE,
+    );
+    let event: k8s_openapi::api::events::v1::Event = serde_json::from_value(json!({
+        "metadata": {"name": "probe.web"},
+        "eventTime": "2026-01-01T00:00:00.000000Z",
+        "reportingController": "flux-plunger", "reportingInstance": "pod-a",
+        "action": "Recovering", "reason": "Recovered", "type": "Normal",
+        "regarding": {"apiVersion": HELMRELEASE_API_VERSION, "kind": HELMRELEASE_KIND,
+            "name": "web", "namespace": tenant_b.name},
+    }))?;
+    verdicts.refused(
+        "an Event about a HelmRelease in tenant B",
+        Api::<k8s_openapi::api::events::v1::Event>::namespaced(own.clone(), &tenant_b.name)
+            .create(&dry_post(), &event)
+            .await,
+        EVENTS_IN_SCOPE,
+    );
+    verdicts.allowed(
+        "patch spec.suspend in tenant A",
+        helmreleases(own.clone(), &tenant_a.name)
+            .patch("web", &dry_patch(), &suspend)
+            .await,
+    );
+    Api::<ClusterRoleBinding>::all(admin.clone())
+        .delete(&binding, &DeleteParams::default())
+        .await?;
+    granted?;
+    verdicts.check()?;
+
+    // Nothing changed in B; A was recovered.
+    assert_eq!(tenant_b.secret_names().await?, vec![storage]);
+    let b = view_of(&tenant_b).await?;
+    assert!(!b.suspend && !b.has_fence(), "{b:?}");
+    assert!(tenant_a.secrets().get_opt(storage).await?.is_none());
     Ok(())
 }
 

@@ -8,7 +8,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
-use chart_contract::{Manifests, Render, container, name, parse_selector, pod_argv, string_map};
+use chart_contract::{
+    Manifests, Render, container, is_hook, name, parse_selector, pod_argv, string_map,
+};
 use clap::{CommandFactory, Parser, ValueEnum};
 use plunger::cli::{LogEncoding, LogLevel};
 use plunger::names;
@@ -291,6 +293,45 @@ fn the_controller_listens_where_the_pod_s_ports_probes_and_service_point() -> Re
     Ok(())
 }
 
+/// Every binding that is (`hook == true`) or is not a Helm hook grants
+/// `account` alone a role that exists, in the binding's own namespace for a
+/// Role: one ClusterRoleBinding and the Lease's RoleBinding, or with
+/// `controller.watchNamespaces` no ClusterRoleBinding and a RoleBinding in
+/// each namespace of the scope as well.
+fn check_bindings(manifests: &Manifests, account: &Value, hook: bool) -> Result<()> {
+    let scoped = serde_json::to_string(deployment(manifests)?)?.contains("--watch-namespace=");
+    let bindings: Vec<&Value> = ["ClusterRoleBinding", "RoleBinding"]
+        .into_iter()
+        .flat_map(|kind| manifests.of_kind(kind))
+        .filter(|b| is_hook(b) == hook)
+        .collect();
+    let cluster_wide = bindings
+        .iter()
+        .filter(|b| b["kind"] == "ClusterRoleBinding")
+        .count();
+    assert_eq!(cluster_wide, usize::from(!scoped), "hook: {hook}");
+    assert!(bindings.len() >= 2, "hook: {hook}: {bindings:?}");
+    for binding in bindings {
+        let what = format!("hook: {hook}, {} {}", binding["kind"], name(binding));
+        assert_eq!(
+            binding["subjects"],
+            serde_json::json!([{"kind": "ServiceAccount", "name": name(account), "namespace": NAMESPACE}]),
+            "{what}"
+        );
+        let role_kind = binding["roleRef"]["kind"].as_str().unwrap_or_default();
+        let roles: Vec<&Value> = manifests
+            .of_kind(role_kind)
+            .filter(|r| is_hook(r) == hook && r["metadata"]["name"] == binding["roleRef"]["name"])
+            .filter(|r| {
+                role_kind == "ClusterRole"
+                    || r["metadata"]["namespace"] == binding["metadata"]["namespace"]
+            })
+            .collect();
+        assert_eq!(roles.len(), 1, "{what}: its {role_kind}");
+    }
+    Ok(())
+}
+
 #[test]
 fn the_objects_point_at_each_other_by_the_names_they_carry() -> Result<()> {
     for render in [
@@ -306,37 +347,13 @@ fn the_objects_point_at_each_other_by_the_names_they_carry() -> Result<()> {
         // grant it the roles, and the roles exist.
         let account = manifests.one("ServiceAccount", false)?;
         assert_eq!(pod["serviceAccountName"], name(account));
-        for binding_kind in ["ClusterRoleBinding", "RoleBinding"] {
-            let binding = manifests.one(binding_kind, false)?;
-            assert_eq!(
-                binding["subjects"],
-                serde_json::json!([{"kind": "ServiceAccount", "name": name(account), "namespace": NAMESPACE}]),
-                "{binding_kind}"
-            );
-            let role_kind = binding["roleRef"]["kind"].as_str().unwrap_or_default();
-            let role = manifests.one(role_kind, false)?;
-            assert_eq!(binding["roleRef"]["name"], name(role), "{binding_kind}");
-        }
+        check_bindings(&manifests, account, false)?;
 
         // The hook's ServiceAccount, likewise.
         let job = hook_job(&manifests)?;
         let hook_account = manifests.one("ServiceAccount", true)?;
         assert_eq!(pod_spec(job)["serviceAccountName"], name(hook_account));
-        for binding_kind in ["ClusterRoleBinding", "RoleBinding"] {
-            let binding = manifests.one(binding_kind, true)?;
-            assert_eq!(
-                binding["subjects"],
-                serde_json::json!([{"kind": "ServiceAccount", "name": name(hook_account), "namespace": NAMESPACE}]),
-                "hook {binding_kind}"
-            );
-            let role_kind = binding["roleRef"]["kind"].as_str().unwrap_or_default();
-            let role = manifests.one(role_kind, true)?;
-            assert_eq!(
-                binding["roleRef"]["name"],
-                name(role),
-                "hook {binding_kind}"
-            );
-        }
+        check_bindings(&manifests, hook_account, true)?;
 
         // The selector: the Deployment's own pods, the metrics Service, and the
         // hook's --pod-selector; never the hook's own pod.

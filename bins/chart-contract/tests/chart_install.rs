@@ -91,10 +91,16 @@ async fn the_apiserver_accepts_every_rendered_object_in_a_server_side_dry_run() 
     let render = || setup.render().serving_admission_policies();
     for render in [
         render(),
-        // Everything but the ServiceMonitor, whose CRD this control plane lacks.
+        // Everything but the ServiceMonitor, whose CRD this control plane
+        // lacks; scoped to this namespace, which kubectl applies to and which
+        // exists (the scope's Roles are in the namespaces it names).
         render()
             .values("everything.yaml")
-            .set("metrics.serviceMonitor.enabled=false"),
+            .set("metrics.serviceMonitor.enabled=false")
+            .set(&format!(
+                "controller.watchNamespaces={{{0}}},controller.storageNamespaces={{{0}}}",
+                setup.ns.name
+            )),
         render().values("shortest-grace-no-hook.yaml"),
     ] {
         let yaml = render.yaml()?;

@@ -25,10 +25,41 @@ const POD: &str = "flux-plunger-6d5f7-abcde";
 
 #[tokio::test]
 async fn the_controller_and_the_drain_need_nothing_beyond_the_charts_rbac() -> Result<()> {
+    need_nothing_beyond_the_charts_rbac(false).await
+}
+
+/// Scoped to its namespace (`controller.watchNamespaces`), the chart grants
+/// nothing cluster-wide on HelmReleases, Secrets or Events: the controller
+/// and the drain still do their whole job, and ask the apiserver for nothing
+/// outside their namespaces (a request there would be refused).
+#[tokio::test]
+async fn scoped_to_a_namespace_the_controller_and_the_drain_need_only_its_roles() -> Result<()> {
+    need_nothing_beyond_the_charts_rbac(true).await
+}
+
+async fn need_nothing_beyond_the_charts_rbac(scoped: bool) -> Result<()> {
     let _turn = testkit::cluster_wide_turn().await;
-    let setup = Setup::new("least-privilege").await?;
-    setup.install(&[])?;
-    setup.wait_for_guard().await?;
+    let prefix = if scoped {
+        "least-privilege-scoped"
+    } else {
+        "least-privilege"
+    };
+    let setup = Setup::new(prefix).await?;
+    let apps = TestNamespace::create(&setup.ns.client, &format!("{prefix}-apps")).await?;
+    let scope = format!("controller.watchNamespaces={{{}}}", apps.name);
+    if scoped {
+        setup.install(&["--set", &scope])?;
+        let controller = control_plane()
+            .service_account_client(&setup.ns.client, &setup.ns.name, &setup.fullname())
+            .await?;
+        // The guard's probe, in the watched namespace: RBAC refuses it in
+        // the release namespace first.
+        testkit::guard::wait_enforced(&setup.ns.client, &controller, &apps.name, &setup.fullname())
+            .await?;
+    } else {
+        setup.install(&[])?;
+        setup.wait_for_guard().await?;
+    }
     // Only the binaries' requests count, not the guard's probe.
     let offset = audit::mark();
     let plane = control_plane();
@@ -40,7 +71,6 @@ async fn the_controller_and_the_drain_need_nothing_beyond_the_charts_rbac() -> R
         .write_service_account_kubeconfig(&admin, &setup.ns.name, &setup.fullname(), &kubeconfig)
         .await?;
 
-    let apps = TestNamespace::create(&admin, "least-privilege-apps").await?;
     let hc = SimulatedHelmController::new(admin.clone(), &apps.name);
     apps.create_release("web", json!({})).await?;
     assert_eq!(hc.handle("web").await?, Handled::AddedFinalizer);
@@ -50,11 +80,14 @@ async fn the_controller_and_the_drain_need_nothing_beyond_the_charts_rbac() -> R
 
     // The controller as the chart runs it: leader election in the release
     // namespace, the chart's Lease name.
-    let common = [
+    let mut common = vec![
         format!("--kubeconfig={}", kubeconfig.display()),
         format!("--leader-election-lease-name={}", setup.fullname()),
         "--log-encoding=console".to_owned(),
     ];
+    if scoped {
+        common.push(format!("--watch-namespace={}", apps.name));
+    }
     let mut command = Command::new(workspace_binary("flux-plunger")?);
     command
         .args(&common)
@@ -204,7 +237,12 @@ async fn the_controller_and_the_drain_need_nothing_beyond_the_charts_rbac() -> R
     // rule is needed (dropping one refuses a request above), none is unused.
     check_uses_exactly_what_is_granted(
         &audit::service_account_user(&setup.ns.name, &setup.fullname()),
-        &setup.render().manifests()?,
+        &if scoped {
+            setup.render().set(&scope)
+        } else {
+            setup.render()
+        }
+        .manifests()?,
         false,
         offset,
     )?;
