@@ -258,6 +258,13 @@ fn decide_terminating(
     };
     let revisions = match storage {
         StorageFacts::Unreadable { why } => {
+            // A refused read, or a kubeconfig Secret missing for a moment
+            // (credentials rotated, a short-lived token), may pass, and
+            // helm-controller, with the same kubeconfig, retries: the fence
+            // holds for as long as a delete is held before anyone is warned.
+            if !held_until_warned(clock) {
+                return hold(release, clock);
+            }
             return let_go(
                 release,
                 &format!("its Helm storage cannot be read ({why})"),
@@ -363,10 +370,15 @@ fn describe_revisions(revisions: &[&StorageRevision]) -> String {
 
 /// Keeps the fence and looks again later, warning once the delete has been
 /// held long (SPEC §5e).
-fn hold(release: &ReleaseView, clock: &Clock) -> Decision {
-    let held_long = clock
+/// The delete has been held as long as SPEC §5e lets it be before warning.
+fn held_until_warned(clock: &Clock) -> bool {
+    clock
         .terminating_for
-        .is_some_and(|held| held >= clock.fence_held_warning_after);
+        .is_some_and(|held| held >= clock.fence_held_warning_after)
+}
+
+fn hold(release: &ReleaseView, clock: &Clock) -> Decision {
+    let held_long = held_until_warned(clock);
     let warned_recently = clock
         .since_last_fence_warning
         .is_some_and(|since| since < clock.fence_recheck_interval);

@@ -725,12 +725,37 @@ fn a_release_nothing_can_uninstall_is_let_go_with_the_reason() {
         ),
     ];
     for (storage, why) in cases {
-        let decision = decide_with_storage(&r, &storage, &clock());
+        let decision = decide_with_storage(&r, &storage, &held_for(10 * MINUTE, None));
         let Decision::LetGo { event } = &decision else {
             panic!("{decision:?}")
         };
         assert!(event.warning && event.note.contains(why), "{}", event.note);
     }
+}
+
+/// One refused read of the storage (a 401/403, a kubeconfig Secret rotated
+/// away for a moment) is no proof that nothing can uninstall the release:
+/// the fence holds, re-checked, until the delete has been held as long as
+/// SPEC §5e allows before warning; only then is it let go.
+#[test]
+fn storage_that_cannot_be_read_holds_the_fence_until_the_warning_threshold() {
+    let r = handled_by_helm_controller(terminating(fenced(release())), false);
+    let unreadable = StorageFacts::Unreadable {
+        why: "listing namespace apps: 403 Forbidden".into(),
+    };
+    for held in [Duration::ZERO, MINUTE, 10 * MINUTE - Duration::from_secs(1)] {
+        assert!(
+            matches!(
+                decide_with_storage(&r, &unreadable, &held_for(held, None)),
+                Decision::HoldFence { event: None, .. }
+            ),
+            "held {held:?}"
+        );
+    }
+    assert!(matches!(
+        decide_with_storage(&r, &unreadable, &held_for(10 * MINUTE, None)),
+        Decision::LetGo { .. }
+    ));
 }
 
 #[test]

@@ -280,16 +280,25 @@ impl Reconciler {
             tracing::warn!(release = %release.key(), secret = %secret.name, why = %secret.why, "ignoring a Secret that is not a well-formed Helm storage revision");
         }
         let snapshot = match decide::uninstall_target(&revisions) {
-            UninstallTarget::Revision(target) if !release.has_history => Some(
-                read_snapshot(&client, target, &location.release_name)
-                    .await
-                    .map_err(|source| Error::ReadStorage {
-                        namespace: target.namespace.clone(),
-                        name: target.name.clone(),
-                        source,
-                    })?
-                    .map(Box::new),
-            ),
+            UninstallTarget::Revision(target) if !release.has_history => {
+                match read_snapshot(&client, target, &location.release_name).await {
+                    Ok(snapshot) => Some(snapshot.map(Box::new)),
+                    // Refused like the list: the identity may list and
+                    // delete but not get (docs/operating.md names all three).
+                    Err(err) if is_api_code(&err, 401) || is_api_code(&err, 403) => {
+                        return Ok(StorageFacts::Unreadable {
+                            why: format!("reading {}/{}: {err}", target.namespace, target.name),
+                        });
+                    }
+                    Err(source) => {
+                        return Err(Error::ReadStorage {
+                            namespace: target.namespace.clone(),
+                            name: target.name.clone(),
+                            source,
+                        });
+                    }
+                }
+            }
             _ => None,
         };
         Ok(StorageFacts::Listed {

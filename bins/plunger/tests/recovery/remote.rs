@@ -290,3 +290,51 @@ async fn a_tenants_kubeconfig_gets_no_credential_of_ours_to_its_server() -> Resu
     );
     Ok(())
 }
+
+/// A remote release deleted while its kubeconfig Secret is briefly gone
+/// (credentials rotated by Cluster API): one failed read lets nothing go.
+/// The fence holds; once the Secret is back, the history is handed over
+/// from the storage there.
+#[tokio::test]
+async fn a_kubeconfig_secret_gone_for_a_moment_holds_the_fence_of_a_deleted_release() -> Result<()>
+{
+    use k8s_openapi::api::core::v1::Secret;
+    use kube::api::PostParams;
+    let w = world("remote-rotated").await?;
+    let (_remote, _remote_ns) =
+        stuck_in_a_remote_cluster(&w, &[(1, "superseded"), (2, "uninstalling")]).await?;
+    w.ns.apply_as_flux_plunger("web", false).await?;
+    w.delete("web").await?;
+    assert_eq!(
+        w.hc.handle("web").await?,
+        Handled::NothingRecordedToUninstall
+    );
+    let mut kubeconfig: Secret = w.ns.secrets().get("remote-kubeconfig").await?;
+    w.ns.secrets()
+        .delete("remote-kubeconfig", &DeleteParams::default())
+        .await?;
+
+    let held = w.reconciler().reconcile(&w.ns.name, "web").await?;
+
+    assert!(matches!(held, Outcome::FenceHeld { .. }), "{held:?}");
+    assert!(w.view("web").await?.has_fence());
+    assert!(
+        w.ns.events_for("web")
+            .await?
+            .iter()
+            .all(|e| e.reason != "ReleasedWithoutUninstall")
+    );
+    kubeconfig.metadata = kube::api::ObjectMeta {
+        name: Some("remote-kubeconfig".into()),
+        ..Default::default()
+    };
+    w.ns.secrets()
+        .create(&PostParams::default(), &kubeconfig)
+        .await?;
+    assert_eq!(
+        w.reconciler().reconcile(&w.ns.name, "web").await?,
+        Outcome::HandedOver { revision: 2 }
+    );
+    testkit::strip_fences(&w.ns).await?;
+    Ok(())
+}
