@@ -6,6 +6,7 @@ use kube::Client;
 use kube::api::DynamicObject;
 
 use crate::names::{FENCE_FINALIZER, FENCE_LABEL};
+use crate::release::listed::ListedRelease;
 use crate::release::view::{ReleaseView, helmrelease_resource};
 use crate::scope::Scope;
 
@@ -17,8 +18,9 @@ pub fn helmreleases(client: Client, namespace: &str) -> kube::Api<DynamicObject>
 /// How many HelmReleases one listing request asks for.
 pub const LIST_PAGE_SIZE: u32 = 500;
 
-/// Every HelmRelease in `scope`, read from the apiserver page by page
-/// (memory stays bounded with many releases), each turned into a view and
+/// Every HelmRelease in `scope`, read from the apiserver page by page and
+/// decoded without its values (memory stays bounded with many releases,
+/// whatever their values hold), each turned into a view and
 /// kept when `keep` returns something.
 pub async fn list_all<T>(
     client: &Client,
@@ -59,14 +61,14 @@ pub async fn list_in_pages<T>(
     mut keep: impl FnMut(ReleaseView) -> Option<T>,
 ) -> kube::Result<Vec<T>> {
     let mut kept = Vec::new();
-    for api in scope.apis::<DynamicObject>(client) {
+    for api in scope.apis::<ListedRelease>(client) {
         let mut params = scope.list_params(page_size);
         loop {
             let page = api.list(&params).await?;
             kept.extend(
                 page.items
                     .iter()
-                    .map(ReleaseView::from_object)
+                    .map(|listed| ReleaseView::from_object(&listed.0))
                     .filter_map(&mut keep),
             );
             // The last page carries an empty (or no) `continue`: following an
