@@ -345,17 +345,40 @@ async fn scoped_to_one_namespace_the_chart_s_token_is_refused_another_s_releases
         b_releases.patch("web", &dry_patch(), &suspend).await,
         RELEASES_IN_SCOPE,
     );
+    // A hand-over the content rules admit (one entry, the release's own, on
+    // a release being deleted): only the scope refuses it.
+    tenant_b.create_release("handed", json!({})).await?;
+    let hold = Patch::Merge(json!({"metadata": {"finalizers": ["example.com/hold"]}}));
+    tenant_b
+        .releases()
+        .patch("handed", &PatchParams::default(), &hold)
+        .await?;
+    tenant_b
+        .releases()
+        .delete("handed", &DeleteParams::default())
+        .await?;
+    let mut handed = snapshot();
+    handed["name"] = json!("handed");
+    handed["namespace"] = json!(tenant_b.name);
     verdicts.refused(
-        "patch status.history in tenant B",
+        "hand over a history in tenant B",
         b_releases
             .patch_status(
-                "web",
+                "handed",
                 &dry_patch(),
-                &Patch::Merge(json!({"status": {"history": [snapshot()]}})),
+                &Patch::Merge(json!({"status": {"history": [handed]}})),
             )
             .await,
         RELEASES_IN_SCOPE,
     );
+    tenant_b
+        .releases()
+        .patch(
+            "handed",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+        )
+        .await?;
     let event: k8s_openapi::api::events::v1::Event = serde_json::from_value(json!({
         "metadata": {"name": "probe.web"},
         "eventTime": "2026-01-01T00:00:00.000000Z",
@@ -733,18 +756,7 @@ async fn release_writes(
         ))
         .await?,
     );
-    verdicts.allowed(
-        "restore an empty history and the storage namespace",
-        releases
-            .patch_status(
-                "web",
-                &dry_patch(),
-                &Patch::Merge(
-                    json!({"status": {"history": [snapshot()], "storageNamespace": "default"}}),
-                ),
-            )
-            .await,
-    );
+    hand_overs(apps, &hc, &releases, verdicts).await?;
 
     verdicts.refused(
         "merge-patch spec.values",
@@ -820,6 +832,105 @@ async fn release_writes(
         releases.create(&dry_post(), &created).await,
         WRITES_ONLY,
     );
+    Ok(())
+}
+
+/// The history flux-plunger hands to helm-controller's uninstall, and every
+/// other history: each one helm-controller would act on (a live release's
+/// changed target is uninstalled; a deleted one's entry is what its
+/// uninstall targets), so only the hand-over is admitted: one entry naming
+/// the release's own Helm release, in its own target namespace, with its own
+/// storage namespace, on a release being deleted.
+async fn hand_overs(
+    apps: &TestNamespace,
+    hc: &SimulatedHelmController,
+    releases: &kube::Api<DynamicObject>,
+    verdicts: &mut Verdicts,
+) -> Result<()> {
+    // "handed": stuck (its history empty) under flux-plunger's fence, then
+    // deleted; helm-controller's finalizer and the fence keep it.
+    apps.create_release("handed", json!({})).await?;
+    hc.install("handed").await?;
+    ensure!(hc.handle("handed").await? == Handled::AddedFinalizer);
+    apps.apply_as_flux_plunger("handed", false).await?;
+    apps.mark_stuck("handed").await?;
+    apps.releases()
+        .delete("handed", &DeleteParams::default())
+        .await?;
+    let entry = |name: &str, namespace: &str| {
+        let mut entry = snapshot();
+        entry["name"] = json!(name);
+        entry["namespace"] = json!(namespace);
+        entry
+    };
+    let own = entry("handed", &apps.name);
+    let write = |release: &'static str, status: Value| {
+        let releases = releases.clone();
+        async move {
+            releases
+                .patch_status(
+                    release,
+                    &dry_patch(),
+                    &Patch::Merge(json!({ "status": status })),
+                )
+                .await
+        }
+    };
+
+    verdicts.allowed(
+        "hand over the release's own newest revision, with its storage namespace",
+        write(
+            "handed",
+            json!({"history": [own.clone()], "storageNamespace": apps.name}),
+        )
+        .await,
+    );
+    verdicts.allowed(
+        "hand over the release's own newest revision",
+        write("handed", json!({"history": [own.clone()]})).await,
+    );
+    let refused = [
+        (
+            "hand over another release of the namespace",
+            json!({"history": [entry("victim", &apps.name)]}),
+        ),
+        (
+            "hand over the release's name in another namespace",
+            json!({"history": [entry("handed", "prod")]}),
+        ),
+        (
+            "hand over the release with another storage namespace",
+            json!({"history": [own.clone()], "storageNamespace": "prod"}),
+        ),
+        (
+            "hand over two entries",
+            json!({"history": [own.clone(), own.clone()]}),
+        ),
+    ];
+    for (what, status) in refused {
+        verdicts.refused(what, write("handed", status).await, STATUS_ONLY);
+    }
+    verdicts.refused(
+        "write the release's own history on a live release",
+        write(
+            "web",
+            json!({"history": [entry("web", &apps.name)], "storageNamespace": apps.name}),
+        )
+        .await,
+        STATUS_ONLY,
+    );
+    verdicts.refused(
+        "write another release's history on a live release",
+        write("web", json!({"history": [entry("victim", "prod")]})).await,
+        STATUS_ONLY,
+    );
+    apps.releases()
+        .patch(
+            "handed",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+        )
+        .await?;
     Ok(())
 }
 
