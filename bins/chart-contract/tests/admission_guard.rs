@@ -371,14 +371,7 @@ async fn scoped_to_one_namespace_the_chart_s_token_is_refused_another_s_releases
             .await,
         RELEASES_IN_SCOPE,
     );
-    tenant_b
-        .releases()
-        .patch(
-            "handed",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"finalizers": null}})),
-        )
-        .await?;
+    let_go_of(&tenant_b, "handed").await?;
     let event: k8s_openapi::api::events::v1::Event = serde_json::from_value(json!({
         "metadata": {"name": "probe.web"},
         "eventTime": "2026-01-01T00:00:00.000000Z",
@@ -924,9 +917,16 @@ async fn hand_overs(
         write("web", json!({"history": [entry("victim", "prod")]})).await,
         STATUS_ONLY,
     );
-    apps.releases()
+    let_go_of(apps, "handed").await?;
+    Ok(())
+}
+
+/// Removes every finalizer of a release a test held in its delete, so that
+/// it goes and its namespace with it.
+async fn let_go_of(ns: &TestNamespace, name: &str) -> Result<()> {
+    ns.releases()
         .patch(
-            "handed",
+            name,
             &PatchParams::default(),
             &Patch::Merge(json!({"metadata": {"finalizers": null}})),
         )

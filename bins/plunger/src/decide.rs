@@ -368,8 +368,6 @@ fn describe_revisions(revisions: &[&StorageRevision]) -> String {
     )
 }
 
-/// Keeps the fence and looks again later, warning once the delete has been
-/// held long (SPEC §5e).
 /// The delete has been held as long as SPEC §5e lets it be before warning.
 fn held_until_warned(clock: &Clock) -> bool {
     clock
@@ -377,6 +375,8 @@ fn held_until_warned(clock: &Clock) -> bool {
         .is_some_and(|held| held >= clock.fence_held_warning_after)
 }
 
+/// Keeps the fence and looks again later, warning once the delete has been
+/// held long (SPEC §5e).
 fn hold(release: &ReleaseView, clock: &Clock) -> Decision {
     let held_long = held_until_warned(clock);
     let warned_recently = clock

@@ -131,6 +131,11 @@ pub fn is_api_code(err: &kube::Error, code: u16) -> bool {
 /// listed twice: the manager that added the second copy then owns the
 /// duplicated entry alone, and every apply naming the fence is refused until
 /// a copy goes. The apiserver reports it before a stale `resourceVersion`.
+/// The apiserver refused the caller's identity (401) or its rights (403).
+pub fn is_access_refused(err: &kube::Error) -> bool {
+    is_api_code(err, 401) || is_api_code(err, 403)
+}
+
 pub fn is_field_manager_conflict(err: &kube::Error) -> bool {
     matches!(err, kube::Error::Api(status) if status.code == 409
     && status.details.as_ref().is_some_and(|details| {

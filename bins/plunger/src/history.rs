@@ -50,7 +50,7 @@ struct StoredRelease {
     config: Option<Box<RawValue>>,
 }
 
-#[derive(Deserialize)]
+#[derive(Default, Deserialize)]
 struct StoredInfo {
     status: Option<String>,
     first_deployed: Option<String>,
@@ -125,12 +125,7 @@ impl HistorySnapshot {
         let time = |text: Option<String>| -> Result<Option<String>, String> {
             non_empty(text).map(|t| whole_seconds_utc(&t)).transpose()
         };
-        let info = release.info.unwrap_or(StoredInfo {
-            status: None,
-            first_deployed: None,
-            last_deployed: None,
-            deleted: None,
-        });
+        let info = release.info.unwrap_or_default();
         let metadata = release.chart.and_then(|c| c.metadata);
         let (chart_name, chart_version, app_version) = match metadata {
             Some(m) => (m.name, m.version, m.app_version),

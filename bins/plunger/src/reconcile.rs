@@ -262,7 +262,7 @@ impl Reconciler {
         let location = StorageLocation::of(release);
         let secrets = match list_storage(&client, &location).await {
             Ok(secrets) => secrets,
-            Err(err) if is_api_code(&err, 401) || is_api_code(&err, 403) => {
+            Err(err) if crate::error::is_access_refused(&err) => {
                 return Ok(StorageFacts::Unreadable {
                     why: format!("listing namespace {}: {err}", location.namespace),
                 });
@@ -285,7 +285,7 @@ impl Reconciler {
                     Ok(snapshot) => Some(snapshot.map(Box::new)),
                     // Refused like the list: the identity may list and
                     // delete but not get (docs/operating.md names all three).
-                    Err(err) if is_api_code(&err, 401) || is_api_code(&err, 403) => {
+                    Err(err) if crate::error::is_access_refused(&err) => {
                         return Ok(StorageFacts::Unreadable {
                             why: format!("reading {}/{}: {err}", target.namespace, target.name),
                         });

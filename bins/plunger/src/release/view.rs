@@ -241,11 +241,10 @@ impl ReleaseView {
     /// SPEC §8: we hold the suspension alone, no other manager co-owns it.
     pub fn suspend_owned_by_us_alone(&self) -> bool {
         self.suspend_owned_by_us()
-            && !self.managed_fields.iter().any(|entry| {
-                !(entry.manager.as_deref() == Some(FIELD_MANAGER)
-                    && entry.operation.as_deref() == Some("Apply"))
-                    && owns_suspend(entry)
-            })
+            && !self
+                .managed_fields
+                .iter()
+                .any(|entry| !is_apply_of(entry, FIELD_MANAGER) && owns_suspend(entry))
     }
 
     pub fn has_fence(&self) -> bool {
@@ -261,11 +260,10 @@ impl ReleaseView {
     pub fn fence_owned_by_us(&self) -> bool {
         self.has_fence()
             && (self.suspended_by_us()
-                || self.managed_fields.iter().any(|entry| {
-                    entry.manager.as_deref() == Some(FIELD_MANAGER)
-                        && entry.operation.as_deref() == Some("Apply")
-                        && owns_fence(entry)
-                }))
+                || self
+                    .managed_fields
+                    .iter()
+                    .any(|entry| is_apply_of(entry, FIELD_MANAGER) && owns_fence(entry)))
     }
 
     /// Positions of our fence in `metadata.finalizers` (it may appear twice).
@@ -356,9 +354,13 @@ impl ReleaseView {
 }
 
 fn entry_owns_suspend(entry: &ManagedFieldsEntry, manager: &str) -> bool {
-    entry.manager.as_deref() == Some(manager)
-        && entry.operation.as_deref() == Some("Apply")
-        && owns_suspend(entry)
+    is_apply_of(entry, manager) && owns_suspend(entry)
+}
+
+/// An entry of `manager`'s server-side applies: only those make a field
+/// theirs (SPEC §2).
+fn is_apply_of(entry: &ManagedFieldsEntry, manager: &str) -> bool {
+    entry.manager.as_deref() == Some(manager) && entry.operation.as_deref() == Some("Apply")
 }
 
 fn owns_suspend(entry: &ManagedFieldsEntry) -> bool {
