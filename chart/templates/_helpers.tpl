@@ -149,10 +149,13 @@ or in one watched namespace (Role).
 {{- end }}
 
 {{/*
-The controller's rule on Secrets, cluster-wide or in one namespace. Helm's
+The controller's rules on Secrets, cluster-wide or in one namespace. Helm's
 storage Secrets are read straight from the apiserver when a decision depends
 on them and are never watched: a watch would cache every Secret in reach in
-the controller.
+the controller. Before it touches storage outside a release's own namespace,
+the controller asks by a LocalSubjectAccessReview there whether the
+ServiceAccount helm-controller acts as for that release could
+(plunger::storage::reach).
 */}}
 {{- define "flux-plunger.secretRules" -}}
 - apiGroups:
@@ -163,6 +166,22 @@ the controller.
     - get
     - list
     - delete
+- apiGroups:
+    - authorization.k8s.io
+  resources:
+    - localsubjectaccessreviews
+  verbs:
+    - create
+{{- end }}
+
+{{/*
+The flag of the ServiceAccount helm-controller acts as for a release that
+names none, for the controller and the drain (both read storage).
+*/}}
+{{- define "flux-plunger.tenancyArgs" -}}
+{{- with .Values.controller.defaultServiceAccount }}
+- --default-service-account={{ . }}
+{{- end }}
 {{- end }}
 
 {{/*

@@ -442,6 +442,13 @@ fn the_controller_s_cluster_role_grants_exactly_what_it_needs_on_the_resources_p
             &["patch"],
         ),
         triples(&[""], "secrets", &["get", "list", "delete"]),
+        // Whether helm-controller, acting for a release, could reach its
+        // storage elsewhere (plunger::storage::reach).
+        triples(
+            &["authorization.k8s.io"],
+            "localsubjectaccessreviews",
+            &["create"],
+        ),
         triples(&["events.k8s.io"], "events", &["create", "patch"]),
     ]
     .concat()

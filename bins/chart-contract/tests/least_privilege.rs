@@ -46,9 +46,12 @@ async fn need_nothing_beyond_the_charts_rbac(scoped: bool) -> Result<()> {
     };
     let setup = Setup::new(prefix).await?;
     let apps = TestNamespace::create(&setup.ns.client, &format!("{prefix}-apps")).await?;
+    // Where one release keeps its storage, out of its ServiceAccount's reach.
+    let store = TestNamespace::create(&setup.ns.client, &format!("{prefix}-store")).await?;
     let scope = format!("controller.watchNamespaces={{{}}}", apps.name);
+    let storage_scope = format!("controller.storageNamespaces={{{}}}", store.name);
     if scoped {
-        setup.install(&["--set", &scope])?;
+        setup.install(&["--set", &scope, "--set", &storage_scope])?;
         let controller = control_plane()
             .service_account_client(&setup.ns.client, &setup.ns.name, &setup.fullname())
             .await?;
@@ -172,6 +175,31 @@ async fn need_nothing_beyond_the_charts_rbac(scoped: bool) -> Result<()> {
         || reported(2),
     )
     .await?;
+
+    // A release whose storage is in another namespace, and whose own
+    // ServiceAccount may not use Secrets there: the controller asks (`create
+    // localsubjectaccessreviews` there) and touches nothing.
+    apps.create_release(
+        "elsewhere",
+        json!({"storageNamespace": store.name, "serviceAccountName": "nobody"}),
+    )
+    .await?;
+    store
+        .create_storage_secret("elsewhere", 1, "uninstalling")
+        .await?;
+    apps.mark_stuck("elsewhere").await?;
+    eventually(
+        Duration::from_secs(30),
+        "the storage out of the release's reach is reported",
+        || async {
+            let events = apps.events_for("elsewhere").await?;
+            Ok(events
+                .iter()
+                .any(|e| e.reason == reasons::STORAGE_OUT_OF_REACH))
+        },
+    )
+    .await?;
+    assert_eq!(store.secret_names().await?.len(), 1);
 
     // A fence left by a stop mid-recovery, drained by the sidecar under the same identity.
     apps.create_release("mid", json!({})).await?;

@@ -1,7 +1,7 @@
 //! The drain sidecar's flags.
 
 use clap::Parser;
-use plunger::cli::{EventsArgs, GraceArgs, KubeArgs, LeaseArgs, LogArgs};
+use plunger::cli::{EventsArgs, GraceArgs, KubeArgs, LeaseArgs, LogArgs, TenancyArgs};
 use plunger::scope::ScopeArgs;
 
 /// Drains flux-plunger's uninstall fences when its pod stops.
@@ -28,6 +28,9 @@ pub struct Args {
     /// The controller's scope: only fences there are drained.
     #[command(flatten)]
     pub scope: ScopeArgs,
+    /// Whose access bounds ours in a release's storage.
+    #[command(flatten)]
+    pub tenancy: TenancyArgs,
     /// How many releases are drained at once.
     #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..=256))]
     pub concurrent: u16,

@@ -8,7 +8,7 @@ use std::time::Instant;
 use futures::future::BoxFuture;
 use plunger::drain::{DrainReport, Ending, drain};
 use plunger::lease::{self, Keeping, LeaseLock, Renewal};
-use plunger::reconcile::Reconciler;
+use plunger::reconcile::{Controls, Reconciler};
 
 use crate::cli::Args;
 
@@ -74,6 +74,10 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     let writer = args.kube.writer_client(held.claim()).await?;
     let events = args.events.events(writer.clone(), &identity);
     let reconciler = Reconciler::new(writer.clone(), events, timings)
+        .with_controls(Controls {
+            default_service_account: args.tenancy.default_service_account.clone(),
+            ..Controls::default()
+        })
         .letting_go()
         .with_test_hooks_from_env();
     let scope = args.scope.scope();

@@ -3,7 +3,9 @@
 use std::net::SocketAddr;
 
 use clap::{ArgAction, Parser};
-use plunger::cli::{EventsArgs, GraceArgs, KubeArgs, LeaseArgs, LogArgs, parse_listen_addr};
+use plunger::cli::{
+    EventsArgs, GraceArgs, KubeArgs, LeaseArgs, LogArgs, TenancyArgs, parse_listen_addr,
+};
 use plunger::scope::ScopeArgs;
 
 /// Recovers Flux HelmReleases stuck with "has no deployed releases".
@@ -54,6 +56,9 @@ pub struct Args {
     /// Which HelmReleases are watched.
     #[command(flatten)]
     pub scope: ScopeArgs,
+    /// Whose access bounds ours in a release's storage.
+    #[command(flatten)]
+    pub tenancy: TenancyArgs,
     /// Start at most this many recoveries per minute (a burst up to it, then
     /// evenly spread); 0 means no limit.
     #[arg(long, default_value_t = 0, value_name = "N")]

@@ -95,6 +95,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     let controls = Controls {
         dry_run: args.dry_run,
         rate_limit: RateLimiter::per_minute(args.max_recoveries_per_minute),
+        default_service_account: args.tenancy.default_service_account.clone(),
     };
     if args.dry_run {
         tracing::warn!(

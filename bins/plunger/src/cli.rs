@@ -225,21 +225,36 @@ pub fn parse_listen_addr(text: &str) -> Result<std::net::SocketAddr, String> {
         .map_err(|_| format!("{text:?} is not a listen address (HOST:PORT or :PORT)"))
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+/// Whose access bounds flux-plunger's in a release's storage; shared by the
+/// controller and the drain, which both read storage (the chart passes both
+/// the same value).
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct TenancyArgs {
+    /// The ServiceAccount helm-controller impersonates for a HelmRelease
+    /// that names none (helm-controller's own --default-service-account, set
+    /// by Flux's multi-tenancy lockdown). The storage of a release outside
+    /// its own namespace is touched only where the release's ServiceAccount,
+    /// else this one, in the release's namespace, may list, get and delete
+    /// Secrets.
+    #[arg(long, value_name = "NAME", value_parser = parse_service_account_name)]
+    pub default_service_account: Option<String>,
+}
 
-    #[test]
-    fn a_bare_port_listens_on_every_interface() {
-        assert_eq!(
-            parse_listen_addr(":8080").unwrap().to_string(),
-            "0.0.0.0:8080"
-        );
-        assert_eq!(
-            parse_listen_addr("127.0.0.1:9").unwrap().to_string(),
-            "127.0.0.1:9"
-        );
-        assert!(parse_listen_addr("8080").unwrap_err().contains("\"8080\""));
+/// A ServiceAccount name: a DNS subdomain, as the apiserver requires.
+fn parse_service_account_name(name: &str) -> Result<String, String> {
+    let valid = !name.is_empty()
+        && name.len() <= 253
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+        && name.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && name.ends_with(|c: char| c.is_ascii_alphanumeric());
+    if valid {
+        Ok(name.to_owned())
+    } else {
+        Err(format!(
+            "{name:?} is not a ServiceAccount name (a lower-case DNS subdomain)"
+        ))
     }
 }
 
@@ -270,4 +285,33 @@ impl EventsArgs {
 
 fn parse_events_addr(text: &str) -> Result<String, String> {
     crate::notify::Forwarder::new(text, None).map(|_| text.to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bare_port_listens_on_every_interface() {
+        assert_eq!(
+            parse_listen_addr(":8080").unwrap().to_string(),
+            "0.0.0.0:8080"
+        );
+        assert_eq!(
+            parse_listen_addr("127.0.0.1:9").unwrap().to_string(),
+            "127.0.0.1:9"
+        );
+        assert!(parse_listen_addr("8080").unwrap_err().contains("\"8080\""));
+    }
+
+    #[test]
+    fn a_default_service_account_must_be_a_service_account_name() {
+        assert_eq!(
+            parse_service_account_name("tenant-deployer"),
+            Ok("tenant-deployer".to_owned())
+        );
+        for bad in ["", "Deployer", "-x", "x-", "a/b", "../etc"] {
+            assert!(parse_service_account_name(bad).is_err(), "{bad:?}");
+        }
+    }
 }

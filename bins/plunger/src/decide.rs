@@ -413,6 +413,9 @@ pub enum SkipReason {
     StatusDoesNotExplain { latest: u64, status: String },
     /// The release lives in a remote cluster that cannot be reached or used.
     RemoteClusterUnusable { why: String },
+    /// The storage is where helm-controller, acting for the release as its
+    /// ServiceAccount, could not reach it (`storage::reach`).
+    StorageOutOfReach { why: String },
     /// Read again right before the acquire, the release was no longer stuck.
     NoLongerStuck,
 }

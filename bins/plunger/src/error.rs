@@ -8,6 +8,14 @@ pub enum Error {
     ReadRelease { key: String, source: kube::Error },
     #[error("reading the remote-cluster kubeconfig Secret of {key}: {source}")]
     ReadKubeconfig { key: String, source: kube::Error },
+    #[error(
+        "asking whether helm-controller could reach the Helm storage of {key} in namespace {namespace}: {source}"
+    )]
+    ReviewStorageAccess {
+        key: String,
+        namespace: String,
+        source: kube::Error,
+    },
     #[error("listing the Helm storage of {key} in namespace {namespace}: {source}")]
     ListStorage {
         key: String,
@@ -48,6 +56,7 @@ impl Error {
         match self {
             Error::ReadRelease { .. } => "read_release",
             Error::ReadKubeconfig { .. } => "read_kubeconfig",
+            Error::ReviewStorageAccess { .. } => "review_storage_access",
             Error::ListStorage { .. } => "list_storage",
             Error::Acquire { .. } => "acquire",
             Error::FenceWhileWaiting { .. } => "fence_while_waiting",
@@ -66,6 +75,7 @@ impl Error {
         match self {
             Error::ReadRelease { source, .. }
             | Error::ReadKubeconfig { source, .. }
+            | Error::ReviewStorageAccess { source, .. }
             | Error::ListStorage { source, .. }
             | Error::Acquire { source, .. }
             | Error::FenceWhileWaiting { source, .. }

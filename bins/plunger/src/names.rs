@@ -113,6 +113,9 @@ pub mod reasons {
     pub const RECOVERED: &str = "Recovered";
     pub const RECOVERY_DRY_RUN: &str = "RecoveryDryRun";
     pub const REMOTE_CLUSTER_UNUSABLE: &str = "RemoteClusterUnusable";
+    /// A stuck release whose storage its own ServiceAccount could not reach
+    /// (Warning): left alone.
+    pub const STORAGE_OUT_OF_REACH: &str = "StorageOutOfReach";
     /// A revision was written to helm-controller's history so that its
     /// uninstall runs (Normal).
     pub const UNINSTALL_HANDED_OVER: &str = "UninstallHandedOver";

@@ -166,6 +166,19 @@ pub fn remote_cluster_unusable(release: &ReleaseView, why: &str) -> EventSpec {
     )
 }
 
+/// SPEC §9: a stuck release whose storage helm-controller, acting for it,
+/// could not reach.
+pub fn storage_out_of_reach(release: &ReleaseView, why: &str) -> EventSpec {
+    EventSpec::warning(
+        reasons::STORAGE_OUT_OF_REACH,
+        "Recover",
+        format!(
+            "{} is stuck, and flux-plunger leaves its storage alone: {why}",
+            release.key()
+        ),
+    )
+}
+
 /// SPEC §9: a stuck release in a remote cluster whose kubeconfig Secret does
 /// not exist (yet).
 pub fn remote_kubeconfig_missing(release: &ReleaseView, error: &str) -> EventSpec {

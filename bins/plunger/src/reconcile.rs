@@ -25,6 +25,7 @@ use crate::release::api::helmreleases;
 use crate::release::view::{ProcessedVersion, ReleaseView};
 use crate::remote::RemoteError;
 use crate::storage::api::{delete_revision, list_storage, read_snapshot};
+use crate::storage::reach;
 use crate::storage::view::{StorageLocation, StorageRevision, parse_revisions};
 pub use crate::test_hooks::Step;
 #[cfg(feature = "test-hooks")]
@@ -119,6 +120,21 @@ pub struct Controls {
     pub dry_run: bool,
     /// At most this many recoveries start per minute.
     pub rate_limit: Option<crate::ratelimit::RateLimiter>,
+    /// The ServiceAccount helm-controller acts as for a release that names
+    /// none (its `--default-service-account`): it bounds where that
+    /// release's storage may be reached (`storage::reach`).
+    pub default_service_account: Option<String>,
+}
+
+/// Why a release's storage is not reached.
+enum Unreached {
+    /// No client for its remote cluster.
+    Remote(RemoteError),
+    /// helm-controller, acting for the release, could not reach it: nor
+    /// may flux-plunger.
+    OutOfReach(String),
+    /// Whether helm-controller could was not answered: it may pass.
+    ReviewFailed(Error),
 }
 
 /// How many 409s a step taken under our suspension reads through before it
@@ -241,10 +257,11 @@ impl Reconciler {
     /// for good (a remote cluster that cannot be used, access refused) is
     /// reported as such; a failure that may pass is an error, retried.
     async fn storage_facts(&self, release: &ReleaseView) -> Result<StorageFacts, Error> {
-        let client = match self.storage_client(release).await {
+        let location = StorageLocation::of(release);
+        let client = match self.storage_client(release, &location).await {
             Ok(client) => client,
             // The kubeconfig Secret could not be read: it may pass.
-            Err(RemoteError::Unreadable(source)) => {
+            Err(Unreached::Remote(RemoteError::Unreadable(source))) => {
                 return Err(Error::ReadKubeconfig {
                     key: release.key(),
                     source,
@@ -252,14 +269,16 @@ impl Reconciler {
             }
             // Missing: helm-controller's own deletion path skips the
             // uninstall then, so nothing reads this storage for it either.
-            Err(RemoteError::Missing(err)) => {
+            Err(Unreached::Remote(RemoteError::Missing(err))) => {
                 return Ok(StorageFacts::Unreadable {
                     why: crate::error::describe(&err),
                 });
             }
-            Err(RemoteError::Unusable(why)) => return Ok(StorageFacts::Unreadable { why }),
+            Err(Unreached::Remote(RemoteError::Unusable(why)) | Unreached::OutOfReach(why)) => {
+                return Ok(StorageFacts::Unreadable { why });
+            }
+            Err(Unreached::ReviewFailed(err)) => return Err(err),
         };
-        let location = StorageLocation::of(release);
         let secrets = match list_storage(&client, &location).await {
             Ok(secrets) => secrets,
             Err(err) if crate::error::is_access_refused(&err) => {
@@ -309,13 +328,33 @@ impl Reconciler {
 
     /// A client of the cluster the release is installed in (and its storage
     /// is): this one, or the remote one of `spec.kubeConfig`; why not, when
-    /// that cannot be used or read.
-    async fn storage_client(&self, release: &ReleaseView) -> Result<Client, RemoteError> {
+    /// that cannot be used or read, or when helm-controller, acting for the
+    /// release, could not reach the storage there either.
+    async fn storage_client(
+        &self,
+        release: &ReleaseView,
+        location: &StorageLocation,
+    ) -> Result<Client, Unreached> {
         if release.has_kube_config {
-            crate::remote::storage_client(&self.client, release).await
-        } else {
-            Ok(self.client.clone())
+            return crate::remote::storage_client(&self.client, release)
+                .await
+                .map_err(Unreached::Remote);
         }
+        let default = self.controls.default_service_account.as_deref();
+        if let Some(account) = reach::account_to_review(release, location, default) {
+            match reach::refusal(&self.client, &account, &location.namespace).await {
+                Ok(None) => {}
+                Ok(Some(why)) => return Err(Unreached::OutOfReach(why)),
+                Err(source) => {
+                    return Err(Unreached::ReviewFailed(Error::ReviewStorageAccess {
+                        key: release.key(),
+                        namespace: location.namespace.clone(),
+                        source,
+                    }));
+                }
+            }
+        }
+        Ok(self.client.clone())
     }
 
     async fn read(&self, namespace: &str, name: &str) -> Result<Option<ReleaseView>, Error> {
@@ -472,15 +511,21 @@ impl Reconciler {
             Decision::ReclaimUninstalled { revision } => {
                 // The storage was just listed through this client; if it
                 // cannot be made now, look again later.
-                let client = match self.storage_client(release).await {
+                let location = StorageLocation::of(release);
+                let client = match self.storage_client(release, &location).await {
                     Ok(client) => client,
-                    Err(RemoteError::Unreadable(source) | RemoteError::Missing(source)) => {
+                    Err(Unreached::Remote(
+                        RemoteError::Unreadable(source) | RemoteError::Missing(source),
+                    )) => {
                         return Err(Error::ReadKubeconfig {
                             key: release.key(),
                             source,
                         });
                     }
-                    Err(RemoteError::Unusable(why)) => {
+                    Err(Unreached::ReviewFailed(err)) => return Err(err),
+                    Err(
+                        Unreached::Remote(RemoteError::Unusable(why)) | Unreached::OutOfReach(why),
+                    ) => {
                         tracing::warn!(release = %release.key(), %why, "cannot reach the Helm storage again; retrying later");
                         return Ok((
                             Outcome::FenceHeld {
@@ -695,15 +740,16 @@ impl Reconciler {
     /// SPEC §4 steps 6-13.
     async fn recover(&self, release: ReleaseView) -> Result<Pass, Error> {
         // The storage is in the cluster the release is installed in.
-        let storage_client = match self.storage_client(&release).await {
+        let location = StorageLocation::of(&release);
+        let storage_client = match self.storage_client(&release, &location).await {
             Ok(client) => client,
-            Err(RemoteError::Unreadable(source)) => {
+            Err(Unreached::Remote(RemoteError::Unreadable(source))) => {
                 return Err(Error::ReadKubeconfig {
                     key: release.key(),
                     source,
                 });
             }
-            Err(RemoteError::Missing(source)) => {
+            Err(Unreached::Remote(RemoteError::Missing(source))) => {
                 let event = notices::remote_kubeconfig_missing(&release, &describe(&source));
                 self.events.record(&release, &event).await;
                 return Err(Error::ReadKubeconfig {
@@ -711,14 +757,20 @@ impl Reconciler {
                     source,
                 });
             }
-            Err(RemoteError::Unusable(why)) => {
+            Err(Unreached::Remote(RemoteError::Unusable(why))) => {
                 let event = notices::remote_cluster_unusable(&release, &why);
                 self.events.record(&release, &event).await;
                 self.give_up_waiting(&release).await?;
                 return Ok(Outcome::Skipped(SkipReason::RemoteClusterUnusable { why }).into());
             }
+            Err(Unreached::OutOfReach(why)) => {
+                let event = notices::storage_out_of_reach(&release, &why);
+                self.events.record(&release, &event).await;
+                self.give_up_waiting(&release).await?;
+                return Ok(Outcome::Skipped(SkipReason::StorageOutOfReach { why }).into());
+            }
+            Err(Unreached::ReviewFailed(err)) => return Err(err),
         };
-        let location = StorageLocation::of(&release);
         let secrets = list_storage(&storage_client, &location)
             .await
             .map_err(|source| Error::ListStorage {

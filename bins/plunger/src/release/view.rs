@@ -50,6 +50,9 @@ pub struct ReleaseView {
     pub spec_release_name: Option<String>,
     pub spec_target_namespace: Option<String>,
     pub spec_storage_namespace: Option<String>,
+    /// `spec.serviceAccountName`: whom helm-controller impersonates for the
+    /// release under Flux's multi-tenancy lockdown.
+    pub spec_service_account_name: Option<String>,
     pub has_kube_config: bool,
     /// `spec.kubeConfig.secretRef`: the Secret (and key) holding the
     /// kubeconfig of the cluster the release is installed in.
@@ -166,6 +169,7 @@ impl ReleaseView {
             spec_release_name: non_empty_str(spec, "releaseName"),
             spec_target_namespace: non_empty_str(spec, "targetNamespace"),
             spec_storage_namespace: non_empty_str(spec, "storageNamespace"),
+            spec_service_account_name: non_empty_str(spec, "serviceAccountName"),
             has_kube_config: spec
                 .and_then(|s| s.get("kubeConfig"))
                 .is_some_and(|k| !k.is_null()),

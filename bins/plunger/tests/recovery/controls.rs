@@ -15,6 +15,7 @@ async fn a_dry_run_decides_and_reports_but_writes_nothing() -> Result<()> {
     let reconciler = w.reconciler().with_controls(plunger::reconcile::Controls {
         dry_run: true,
         rate_limit: None,
+        ..plunger::reconcile::Controls::default()
     });
 
     let stuck = reconciler.reconcile(&w.ns.name, "stuck").await?;
@@ -57,6 +58,7 @@ async fn the_recovery_rate_limit_defers_recoveries_past_the_limit() -> Result<()
     let reconciler = w.reconciler().with_controls(plunger::reconcile::Controls {
         dry_run: false,
         rate_limit: plunger::ratelimit::RateLimiter::per_minute(1),
+        ..plunger::reconcile::Controls::default()
     });
 
     assert_eq!(

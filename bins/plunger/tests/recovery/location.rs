@@ -184,3 +184,130 @@ async fn where_status_and_spec_disagree_the_status_says_where_the_release_is() -
     );
     Ok(())
 }
+
+/// A tenant's release pointed at another namespace's storage (docs/security.md): helm-controller,
+/// acting for it as its ServiceAccount, could not reach that storage, and nor does flux-plunger:
+/// the victim's revisions are neither listed, read nor deleted, and the tenant is told why.
+#[tokio::test]
+async fn a_release_pointed_at_storage_its_service_account_cannot_reach_gets_nothing_there()
+-> Result<()> {
+    let w = world("reach-tenant").await?;
+    let victim = TestNamespace::create(&w.client, "reach-victim").await?;
+    service_account_using_secrets_in(&w, "deployer", &w.ns.name).await?;
+    stuck_elsewhere(
+        &w,
+        "web",
+        json!({"serviceAccountName": "deployer", "storageNamespace": victim.name, "releaseName": "victim"}),
+        &victim,
+        "victim",
+    )
+    .await?;
+    let offset = audit::mark();
+
+    let outcome = w.reconciler().reconcile(&w.ns.name, "web").await?;
+
+    assert!(
+        matches!(&outcome, Outcome::Skipped(SkipReason::StorageOutOfReach { why }) if why.contains("deployer")),
+        "{outcome:?}"
+    );
+    assert_eq!(
+        secret_names(&victim).await?,
+        vec![
+            "sh.helm.release.v1.victim.v1",
+            "sh.helm.release.v1.victim.v2"
+        ]
+    );
+    let controller = testkit::guard::shared()?.controller_user();
+    let ours = logged_until_now(&w, &victim.name, offset)
+        .await?
+        .into_iter()
+        .filter(|r| r.user == controller)
+        .map(|r| r.label())
+        .collect::<Vec<_>>();
+    assert_eq!(
+        ours,
+        vec!["create localsubjectaccessreviews"],
+        "flux-plunger only asked"
+    );
+    let events = w.ns.events_for("web").await?;
+    assert!(
+        events
+            .iter()
+            .any(|e| e.reason == "StorageOutOfReach" && e.type_ == "Warning"),
+        "the tenant is told: {events:?}"
+    );
+    Ok(())
+}
+
+/// The same release, once its ServiceAccount may use the Secrets there, is recovered as
+/// helm-controller would act for it: the review bounds flux-plunger's reach, it is not a refusal
+/// of every other namespace.
+#[tokio::test]
+async fn a_release_whose_service_account_reaches_its_storage_elsewhere_is_recovered() -> Result<()>
+{
+    let w = world("reach-allowed").await?;
+    let storage = TestNamespace::create(&w.client, "reach-store").await?;
+    service_account_using_secrets_in(&w, "deployer", &storage.name).await?;
+    stuck_elsewhere(
+        &w,
+        "web",
+        json!({"storageNamespace": storage.name, "releaseName": "custom"}),
+        &storage,
+        "custom",
+    )
+    .await?;
+    let reconciler = w.reconciler_defaulting_to("deployer");
+
+    assert_eq!(
+        reconciler.reconcile(&w.ns.name, "web").await?,
+        Outcome::Recovered { revision: 2 }
+    );
+    assert_eq!(
+        secret_names(&storage).await?,
+        vec!["sh.helm.release.v1.custom.v1"]
+    );
+    Ok(())
+}
+
+/// The same rule for a release being deleted: the hand-over reads no payload of another
+/// namespace's storage for a release whose ServiceAccount could not, and names why.
+#[tokio::test]
+async fn a_deleted_release_pointed_at_storage_out_of_its_reach_reads_no_payload_there() -> Result<()>
+{
+    let w = world("reach-deleted").await?;
+    let victim = TestNamespace::create(&w.client, "reach-victim-del").await?;
+    stuck_elsewhere(
+        &w,
+        "web",
+        json!({"storageNamespace": victim.name, "releaseName": "victim"}),
+        &victim,
+        "victim",
+    )
+    .await?;
+    w.leave_our_suspension("web").await?;
+    w.delete("web").await?;
+    assert_eq!(
+        w.hc.handle("web").await?,
+        Handled::UninstallSkippedBecauseSuspended
+    );
+    let reconciler = w.reconciler_defaulting_to("nobody");
+    let offset = audit::mark();
+
+    let outcome = reconciler.reconcile(&w.ns.name, "web").await?;
+
+    assert_eq!(
+        outcome,
+        Outcome::Lifted { kept_fence: true },
+        "nothing can be handed over: our suspension goes, the fence holds until the warning"
+    );
+    let controller = testkit::guard::shared()?.controller_user();
+    let ours = logged_until_now(&w, &victim.name, offset)
+        .await?
+        .into_iter()
+        .filter(|r| r.user == controller)
+        .map(|r| r.label())
+        .collect::<Vec<_>>();
+    assert_eq!(ours, vec!["create localsubjectaccessreviews"]);
+    assert_eq!(secret_names(&victim).await?.len(), 2);
+    Ok(())
+}

@@ -65,6 +65,16 @@ impl World {
         )
     }
 
+    /// A reconciler for a cluster whose helm-controller impersonates
+    /// `account` for a release that names no ServiceAccount.
+    fn reconciler_defaulting_to(&self, account: &str) -> Reconciler {
+        self.reconciler()
+            .with_controls(plunger::reconcile::Controls {
+                default_service_account: Some(account.to_owned()),
+                ..plunger::reconcile::Controls::default()
+            })
+    }
+
     /// A reconciler that runs `action` once, the first time it reaches `at`.
     fn reconciler_pausing<F>(&self, at: Step, action: F) -> Reconciler
     where
@@ -448,5 +458,84 @@ async fn installed(w: &World, name: &str) -> Result<()> {
     w.ns.create_release(name, json!({})).await?;
     w.hc.install(name).await?;
     assert_eq!(w.hc.handle(name).await?, Handled::AddedFinalizer);
+    Ok(())
+}
+
+/// Every request logged in `namespace` since `offset`, up to now: a marker
+/// read made after the caller's last request is waited for, and the audit
+/// log (blocking mode) records each request before answering it, so nothing
+/// made before the marker is still to come.
+async fn logged_until_now(w: &World, namespace: &str, offset: u64) -> Result<Vec<AuditedRequest>> {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    let marker = format!("audit-marker-{offset}");
+    kube::Api::<ConfigMap>::namespaced(w.client.clone(), namespace)
+        .get_opt(&marker)
+        .await?;
+    let logged = audited(namespace, offset, 1, |r| r.name == marker).await?;
+    let marker_at = logged[0].received_at;
+    Ok(audit::read_since(offset)?
+        .into_iter()
+        .filter(|r| r.namespace.as_deref() == Some(namespace) && r.received_at < marker_at)
+        .collect())
+}
+
+/// A ServiceAccount `name` in the release's namespace that may use Secrets
+/// in `secrets_namespace` only: the identity helm-controller impersonates
+/// for a tenant's release under Flux's multi-tenancy lockdown.
+async fn service_account_using_secrets_in(
+    w: &World,
+    name: &str,
+    secrets_namespace: &str,
+) -> Result<()> {
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
+    use kube::api::{ObjectMeta, PostParams};
+    let meta = |namespace: &str| ObjectMeta {
+        name: Some(name.to_owned()),
+        namespace: Some(namespace.to_owned()),
+        ..ObjectMeta::default()
+    };
+    kube::Api::<ServiceAccount>::namespaced(w.client.clone(), &w.ns.name)
+        .create(
+            &PostParams::default(),
+            &ServiceAccount {
+                metadata: meta(&w.ns.name),
+                ..ServiceAccount::default()
+            },
+        )
+        .await?;
+    kube::Api::<Role>::namespaced(w.client.clone(), secrets_namespace)
+        .create(
+            &PostParams::default(),
+            &Role {
+                metadata: meta(secrets_namespace),
+                rules: Some(vec![PolicyRule {
+                    api_groups: Some(vec![String::new()]),
+                    resources: Some(vec!["secrets".to_owned()]),
+                    verbs: vec!["*".to_owned()],
+                    ..PolicyRule::default()
+                }]),
+            },
+        )
+        .await?;
+    kube::Api::<RoleBinding>::namespaced(w.client.clone(), secrets_namespace)
+        .create(
+            &PostParams::default(),
+            &RoleBinding {
+                metadata: meta(secrets_namespace),
+                role_ref: RoleRef {
+                    api_group: "rbac.authorization.k8s.io".to_owned(),
+                    kind: "Role".to_owned(),
+                    name: name.to_owned(),
+                },
+                subjects: Some(vec![Subject {
+                    kind: "ServiceAccount".to_owned(),
+                    name: name.to_owned(),
+                    namespace: Some(w.ns.name.clone()),
+                    ..Subject::default()
+                }]),
+            },
+        )
+        .await?;
     Ok(())
 }

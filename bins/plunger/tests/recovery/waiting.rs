@@ -17,6 +17,7 @@ async fn a_stuck_release_deleted_while_its_recovery_waits_is_held_and_uninstalle
     let reconciler = w.reconciler().with_controls(plunger::reconcile::Controls {
         dry_run: false,
         rate_limit: plunger::ratelimit::RateLimiter::per_minute(1),
+        ..plunger::reconcile::Controls::default()
     });
     assert_eq!(
         reconciler.reconcile(&w.ns.name, "first").await?,
