@@ -275,15 +275,21 @@ and the Lease namespace of the controller and the drain.
 
 {{/*
 The admission guard (admission-policy.yaml, admission-policy-binding.yaml) is
-rendered with admissionGuard.enabled where the cluster serves
+rendered with admissionGuard.enabled, and needs a cluster that serves
 admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy (Kubernetes 1.30
-and later), as its discovery tells helm install and helm-controller. Offline,
-`helm template` knows API groups but no kinds: it renders the guard when told
+and later), as its discovery tells helm install and helm-controller. Where
+the cluster does not, the render fails rather than install flux-plunger
+without its guard: only admissionGuard.enabled=false, set explicitly,
+installs it bounded by RBAC alone. Offline, `helm template` knows API groups
+but no kinds: it renders the guard when told
 `--api-versions admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy`.
 Renders "true" or nothing.
 */}}
 {{- define "flux-plunger.admissionGuard.enabled" -}}
-{{- if and .Values.admissionGuard.enabled (.Capabilities.APIVersions.Has "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy") -}}
+{{- if .Values.admissionGuard.enabled -}}
+{{- if not (.Capabilities.APIVersions.Has "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy") -}}
+{{- fail "admissionGuard.enabled is true, but the cluster does not serve admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy (Kubernetes 1.30 and later), so the admission guard cannot be installed and flux-plunger's ServiceAccounts would be held by RBAC alone (every Secret and every HelmRelease of the cluster). Install on a cluster that serves it; with helm template, pass --api-versions admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy when the target cluster serves it; to install without the guard, set admissionGuard.enabled=false" -}}
+{{- end -}}
 true
 {{- end }}
 {{- end }}
