@@ -612,6 +612,32 @@ fn the_admission_guard_allows_the_metadata_plunger_names_and_holds_the_pods_serv
         guard_variable(policy, "ownLabels")?,
         Value::from(names::OWN_LABELS.to_vec())
     );
+    // The field managers of every HelmRelease write plunger::apply sends.
+    assert_eq!(
+        guard_variable(policy, "ownManagers")?,
+        Value::from(vec![
+            names::FIELD_MANAGER,
+            names::PATCH_FIELD_MANAGER,
+            names::SWEEP_FIELD_MANAGER,
+            names::SHARED_FIELD_MANAGER,
+        ])
+    );
+    // A suspension and a fence are taken only where the release is stuck
+    // as plunger::release::view reads it.
+    let stuck = policy["spec"]["variables"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|v| v["name"] == "oldLiveStuck")
+        .and_then(|v| v["expression"].as_str())
+        .context("the admission guard has no variable oldLiveStuck")?;
+    for part in [
+        format!("c.type == {:?}", names::READY_CONDITION),
+        "c.status == \"False\"".to_owned(),
+        format!("c.message.contains({:?})", names::STUCK_MESSAGE),
+    ] {
+        assert!(stuck.contains(&part), "{part} not in {stuck}");
+    }
 
     // Exactly the identities the chart's pods run as: the controller pod's
     // (the drain shares it) and the hook Job's.
