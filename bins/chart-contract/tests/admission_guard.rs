@@ -1360,3 +1360,175 @@ async fn leases_and_scale(
     );
     Ok(())
 }
+
+const STAMP_LABEL: &str = "example.com/stamped";
+const STAMP_ANNOTATION: &str = "example.com/seen-version";
+
+/// A mutating admission policy (as a Kyverno mutate rule would) stamping a
+/// label and an annotation that changes on every HelmRelease update in
+/// `apps`' namespace: the guard sees the object after it.
+async fn stamp_every_update(admin: &Client, apps: &TestNamespace) -> Result<()> {
+    let name = format!("stamp-{}", apps.name);
+    let policy: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingAdmissionPolicy",
+        "metadata": {"name": name},
+        "spec": {
+            "failurePolicy": "Fail",
+            "reinvocationPolicy": "Never",
+            "matchConstraints": {"resourceRules": [{
+                "apiGroups": ["helm.toolkit.fluxcd.io"], "apiVersions": ["*"],
+                "operations": ["UPDATE"], "resources": ["helmreleases"],
+            }]},
+            "mutations": [{"patchType": "ApplyConfiguration", "applyConfiguration": {"expression": format!(
+                "Object{{metadata: Object.metadata{{labels: {{\"{STAMP_LABEL}\": \"yes\"}}, \
+                 annotations: {{\"{STAMP_ANNOTATION}\": object.metadata.resourceVersion}}}}}}"
+            )}}],
+        },
+    }))?;
+    let binding: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingAdmissionPolicyBinding",
+        "metadata": {"name": name},
+        "spec": {"policyName": name, "matchResources": {"namespaceSelector": {
+            "matchLabels": {"kubernetes.io/metadata.name": apps.name}}}},
+    }))?;
+    for (object, plural) in [
+        (policy, "mutatingadmissionpolicies"),
+        (binding, "mutatingadmissionpolicybindings"),
+    ] {
+        let kind = object
+            .types
+            .as_ref()
+            .map(|t| t.kind.clone())
+            .unwrap_or_default();
+        Api::<DynamicObject>::all_with(
+            admin.clone(),
+            &testkit::fixtures::vap_resource(&kind, plural),
+        )
+        .create(&PostParams::default(), &object)
+        .await?;
+    }
+    // In force once an update the admin sends (a dry run) comes back stamped.
+    testkit::eventually(
+        Duration::from_secs(60),
+        "the mutating policy stamps HelmRelease updates",
+        || async {
+            let stamped = apps
+                .releases()
+                .patch(
+                    "web",
+                    &PatchParams {
+                        dry_run: true,
+                        ..PatchParams::default()
+                    },
+                    &Patch::Merge(json!({"metadata": {"annotations": {"example.com/probe": "1"}}})),
+                )
+                .await?;
+            Ok(stamped.labels().contains_key(STAMP_LABEL))
+        },
+    )
+    .await
+}
+
+/// A mutator that stamps labels and annotations on every update is no
+/// reason to refuse flux-plunger's own writes: the whole recovery, the
+/// fence held while a recovery waits and its removal by the guarded patch
+/// are admitted, stamped; a client's own change of labels or annotations
+/// that are not flux-plunger's is still refused.
+#[tokio::test]
+async fn under_a_mutator_stamping_every_update_flux_plunger_s_writes_are_admitted_and_a_client_s_changes_refused()
+-> Result<()> {
+    let admin = control_plane().client().await?;
+    let ns = TestNamespace::create(&admin, "guard-mutated").await?;
+    let guarded = ns.guarded().await?;
+    let apps = TestNamespace::create(&admin, "guard-mutated-apps").await?;
+    release_with_values(&apps, "web").await?;
+    apps.releases()
+        .patch(
+            "web",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"team": "payments"}}})),
+        )
+        .await?;
+    apps.mark_stuck("web").await?;
+    apps.create_storage_secret("web", 1, "uninstalling").await?;
+    stamp_every_update(&admin, &apps).await?;
+    let controller = guarded.controller_client().await?;
+    let releases = helmreleases(controller.clone(), &apps.name);
+    let read = || async { anyhow::Ok(ReleaseView::from_object(&releases.get("web").await?)) };
+    let mut verdicts = Verdicts::new(&guarded.policy);
+
+    verdicts.allowed(
+        "apply the suspension and the fence",
+        apply::apply(&controller, &read().await?, Claim::SUSPEND_AND_FENCE, false).await,
+    );
+    verdicts.allowed(
+        "write the processed-revision annotation",
+        apply::annotate(&controller, &read().await?, 1, None).await,
+    );
+    verdicts.allowed(
+        "delete the storage revision",
+        Api::<Secret>::namespaced(controller.clone(), &apps.name)
+            .delete("sh.helm.release.v1.web.v1", &DeleteParams::default())
+            .await,
+    );
+    verdicts.allowed(
+        "lift the suspension and the fence",
+        apply::apply(&controller, &read().await?, Claim::NOTHING, false).await,
+    );
+    verdicts.allowed(
+        "apply the fence while the recovery waits",
+        apply::apply(&controller, &read().await?, Claim::FENCE_ONLY, false).await,
+    );
+    let fenced = read().await?;
+    verdicts.allowed(
+        "remove the fence and its label by the guarded patch",
+        apply::patch_guarded(
+            &controller,
+            &fenced,
+            false,
+            &fenced.fence_indices(),
+            true,
+            PATCH_FIELD_MANAGER,
+        )
+        .await,
+    );
+
+    let clients_changes = [
+        (
+            "merge-patch a label, stamped as well",
+            json!({"labels": {"team": "checkout"}}),
+        ),
+        (
+            "remove a label, stamped as well",
+            json!({"labels": {"team": null}}),
+        ),
+        (
+            "merge-patch an annotation, stamped as well",
+            json!({"annotations": {"example.com/note": "x"}}),
+        ),
+    ];
+    for (what, metadata) in clients_changes {
+        let patch = Patch::Merge(json!({ "metadata": metadata }));
+        verdicts.refused(
+            what,
+            releases.patch("web", &dry_patch(), &patch).await,
+            METADATA_ONLY,
+        );
+    }
+    verdicts.check()?;
+
+    // The writes were stamped, and went through: recovered, then fenced and
+    // let go.
+    let web = apps.releases().get("web").await?;
+    assert_eq!(
+        web.labels().get(STAMP_LABEL).map(String::as_str),
+        Some("yes")
+    );
+    assert!(web.annotations().contains_key(STAMP_ANNOTATION), "{web:?}");
+    assert_eq!(
+        web.labels().get("team").map(String::as_str),
+        Some("payments")
+    );
+    assert!(testkit::is_recovered(&web, 1), "{web:?}");
+    Ok(())
+}
