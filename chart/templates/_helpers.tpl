@@ -294,15 +294,21 @@ and the Lease namespace of the controller and the drain.
 
 {{/*
 The admission guard (admission-policy.yaml, admission-policy-binding.yaml) is
-rendered with admissionGuard.enabled where the cluster serves
+rendered with admissionGuard.enabled, and needs a cluster that serves
 admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy (Kubernetes 1.30
-and later), as its discovery tells helm install and helm-controller. Offline,
-`helm template` knows API groups but no kinds: it renders the guard when told
+and later), as its discovery tells helm install and helm-controller. Where
+the cluster does not, the render fails rather than install flux-plunger
+without its guard: only admissionGuard.enabled=false, set explicitly,
+installs it bounded by RBAC alone. Offline, `helm template` knows API groups
+but no kinds: it renders the guard when told
 `--api-versions admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy`.
 Renders "true" or nothing.
 */}}
 {{- define "flux-plunger.admissionGuard.enabled" -}}
-{{- if and .Values.admissionGuard.enabled (.Capabilities.APIVersions.Has "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy") -}}
+{{- if .Values.admissionGuard.enabled -}}
+{{- if not (.Capabilities.APIVersions.Has "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy") -}}
+{{- fail "admissionGuard.enabled is true, but the cluster does not serve admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy (Kubernetes 1.30 and later), so the admission guard cannot be installed and flux-plunger's ServiceAccounts would be held by RBAC alone (every Secret and every HelmRelease of the cluster). Install on a cluster that serves it; with helm template, pass --api-versions admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy when the target cluster serves it; to install without the guard, set admissionGuard.enabled=false" -}}
+{{- end -}}
 true
 {{- end }}
 {{- end }}
@@ -369,4 +375,147 @@ object, or `.empty` ({} or []) where the object leaves it out or holds null
 */}}
 {{- define "flux-plunger.guard.orEmpty" -}}
 has({{ .field }}) && {{ .field }} != null ? {{ .field }} : {{ .empty }}
+{{- end }}
+
+{{/*
+The field managers flux-plunger writes HelmReleases under: its server-side
+apply and its status and reconcile-request patches (flux-plunger), the
+guarded JSON patch of the controller and the drain (flux-plunger-patch) and
+of the sweeper (flux-plunger-sweep), the annotation patch
+(flux-client-side-apply). plunger::names' FIELD_MANAGER,
+PATCH_FIELD_MANAGER, SWEEP_FIELD_MANAGER and SHARED_FIELD_MANAGER; the
+contract tests compare them. A YAML list.
+*/}}
+{{- define "flux-plunger.ownFieldManagers" -}}
+- flux-plunger
+- flux-plunger-patch
+- flux-plunger-sweep
+- flux-client-side-apply
+{{- end }}
+
+{{/*
+What helm-controller's Ready condition says of a stuck release (SPEC §1),
+plunger::names::STUCK_MESSAGE; the contract tests compare them.
+*/}}
+{{- define "flux-plunger.stuckMessage" -}}
+has no deployed releases
+{{- end }}
+
+{{/*
+A CEL value for the admission guard: the map at key `.key` of the CEL map
+`.map`, or {} where it has none. fieldsV1 is a tree of such maps ("f:spec",
+"f:suspend", …), and a manager that owns nothing below a key has no key.
+*/}}
+{{- define "flux-plunger.guard.at" -}}
+{{ .map }}[?{{ .key | quote }}].orValue({})
+{{- end }}
+
+{{/*
+The fieldsV1 subtrees of a managedFields entry's fields `.fields` (a CEL
+map) that hold flux-plunger's fields: "spec", "metadata", "finalizers",
+"labels", "annotations" (`.of`).
+*/}}
+{{- define "flux-plunger.guard.fieldsAt" -}}
+{{- $meta := include "flux-plunger.guard.at" (dict "map" .fields "key" "f:metadata") }}
+{{- if eq .of "spec" }}{{ include "flux-plunger.guard.at" (dict "map" .fields "key" "f:spec") }}
+{{- else if eq .of "metadata" }}{{ $meta }}
+{{- else }}{{ include "flux-plunger.guard.at" (dict "map" $meta "key" (printf "f:%s" .of)) }}
+{{- end }}
+{{- end }}
+
+{{/*
+A CEL condition: the fields `.new` of a managedFields entry after the write
+and `.old` before it (CEL maps, {} for an entry that is not there) agree on
+everything but flux-plunger's own fields (spec.suspend, the fence finalizer,
+the fence's label, flux-plunger's annotations, and the existence of the
+finalizers, labels and annotations themselves, "."). flux-plunger's writes
+change nothing else, so the apiserver moves no other field between managers
+on them: any other change is the client's.
+*/}}
+{{- define "flux-plunger.guard.fieldsAgreeButOurs" -}}
+{{- $at := dict }}
+{{- range $of := list "spec" "metadata" "finalizers" "labels" "annotations" }}
+{{- $_ := set $at (printf "new_%s" $of) (include "flux-plunger.guard.fieldsAt" (dict "fields" $.new "of" $of)) }}
+{{- $_ := set $at (printf "old_%s" $of) (include "flux-plunger.guard.fieldsAt" (dict "fields" $.old "of" $of)) }}
+{{- end -}}
+{{ include "flux-plunger.guard.changesAtMost" (dict "new" .new "old" .old "keys" "[\"f:metadata\", \"f:spec\"]") }}
+&& {{ include "flux-plunger.guard.changesAtMost" (dict "new" $at.new_spec "old" $at.old_spec "keys" "[\"f:suspend\"]") }}
+&& {{ include "flux-plunger.guard.changesAtMost" (dict "new" $at.new_metadata "old" $at.old_metadata "keys" "[\"f:finalizers\", \"f:labels\", \"f:annotations\"]") }}
+&& {{ include "flux-plunger.guard.changesAtMost" (dict "new" $at.new_finalizers "old" $at.old_finalizers "keys" "variables.fenceFieldKeys") }}
+&& {{ include "flux-plunger.guard.changesAtMost" (dict "new" $at.new_labels "old" $at.old_labels "keys" "variables.labelFieldKeys") }}
+&& {{ include "flux-plunger.guard.changesAtMost" (dict "new" $at.new_annotations "old" $at.old_annotations "keys" "variables.annotationFieldKeys") }}
+{{- end }}
+
+{{/*
+A CEL condition: ownership of one of flux-plunger's fields moved between the
+entry before (`.old`, a CEL bool: it owned the field) and after (`.new`) as
+the apiserver moves it, the entry being the writer's (`.writer`):
+- the apiserver takes a field away from every other manager only when the
+  write changed or removed its value (an update always takes what it
+  changed; a forced apply takes what it set to another value; what a write
+  removes, nobody owns any more), so another manager's entry loses it only
+  where `.changed`; the writer's own apply gives up what it leaves out;
+- a field is added to the writer's entry only, and only where the write
+  changed it (an update owns what it changed; an apply owns what it sets,
+  which for flux-plunger is a change, or, for the fence and its label,
+  `.claim`: its apply of the fence on a stuck release over a fence already
+  listed).
+*/}}
+{{- define "flux-plunger.guard.ownershipMoved" -}}
+({{ .new }} == {{ .old }} || ({{ .old }} && ({{ .writer }} || {{ .changed }})) || ({{ .new }} && {{ .writer }} && ({{ .changed }} || {{ .claim }})))
+{{- end }}
+
+{{/*
+A CEL condition: every one of flux-plunger's fields changed hands between
+the entry's fields `.old` and `.new` as the write lets it (see
+flux-plunger.guard.ownershipMoved), the entry being the writer's
+(`.writer`). The existence of the finalizers, labels and annotations (".")
+goes to the writer whenever it writes into them.
+*/}}
+{{- define "flux-plunger.guard.ownFieldsMoved" -}}
+{{- $n := dict }}
+{{- $o := dict }}
+{{- range $of := list "spec" "finalizers" "labels" "annotations" }}
+{{- $_ := set $n $of (include "flux-plunger.guard.fieldsAt" (dict "fields" $.new "of" $of)) }}
+{{- $_ := set $o $of (include "flux-plunger.guard.fieldsAt" (dict "fields" $.old "of" $of)) }}
+{{- end -}}
+{{ include "flux-plunger.guard.ownershipMoved" (dict "new" (printf "(\"f:suspend\" in %s)" $n.spec) "old" (printf "(\"f:suspend\" in %s)" $o.spec) "writer" .writer "changed" "variables.suspendChanged" "claim" "false") }}
+&& {{ include "flux-plunger.guard.ownershipMoved" (dict "new" (printf "(variables.fenceFieldKeys[1] in %s)" $n.finalizers) "old" (printf "(variables.fenceFieldKeys[1] in %s)" $o.finalizers) "writer" .writer "changed" "variables.fenceChanged" "claim" "variables.oldLiveStuck") }}
+&& variables.ownLabels.all(k, {{ include "flux-plunger.guard.ownershipMoved" (dict "new" (printf "((\"f:\" + k) in %s)" $n.labels) "old" (printf "((\"f:\" + k) in %s)" $o.labels) "writer" .writer "changed" "(variables.changedLabels.exists(c, c == k))" "claim" "variables.oldLiveStuck") }})
+&& variables.ownAnnotations.all(k, {{ include "flux-plunger.guard.ownershipMoved" (dict "new" (printf "((\"f:\" + k) in %s)" $n.annotations) "old" (printf "((\"f:\" + k) in %s)" $o.annotations) "writer" .writer "changed" "(variables.changedAnnotations.exists(c, c == k))" "claim" "false") }})
+{{- range $of := list "finalizers" "labels" "annotations" }}
+&& {{ include "flux-plunger.guard.ownershipMoved" (dict "new" (printf "(\".\" in %s)" (get $n $of)) "old" (printf "(\".\" in %s)" (get $o $of)) "writer" $.writer "changed" (printf "variables.%sEmptied" $of) "claim" "true") }}
+{{- end }}
+{{- end }}
+
+{{/*
+A CEL condition: the managedFields entries `.a` and `.b` are the same
+manager's entry as the apiserver keys them: by manager, operation and
+subresource, and for an update also by apiVersion (an applier's entry is
+one whatever version it applied).
+*/}}
+{{- define "flux-plunger.guard.sameManager" -}}
+{{- $a := .a }}{{ $b := .b -}}
+({{ range $i, $f := list "manager" "operation" "subresource" }}{{ if $i }} && {{ end }}(has({{ $a }}.{{ $f }}) ? {{ $a }}.{{ $f }} : "") == (has({{ $b }}.{{ $f }}) ? {{ $b }}.{{ $f }} : ""){{ end }}
+ && ((has({{ $b }}.operation) && {{ $b }}.operation == "Apply") || (has({{ $a }}.apiVersion) ? {{ $a }}.apiVersion : "") == (has({{ $b }}.apiVersion) ? {{ $b }}.apiVersion : "")))
+{{- end }}
+
+{{/*
+A CEL condition: the managedFields entry `.a` is `.b` in everything but its
+fields: the apiserver stamps a new time (and the version written) on the
+writer's entry only.
+*/}}
+{{- define "flux-plunger.guard.sameStamp" -}}
+{{- $a := .a }}{{ $b := .b -}}
+({{ range $i, $f := list "apiVersion" "time" "fieldsType" }}{{ if $i }} && {{ end }}(has({{ $a }}.{{ $f }}) ? {{ $a }}.{{ $f }} : "") == (has({{ $b }}.{{ $f }}) ? {{ $b }}.{{ $f }} : ""){{ end }})
+{{- end }}
+
+{{/* A CEL value: the fields (fieldsV1) of the managedFields entry `.entry`, or {}. */}}
+{{- define "flux-plunger.guard.fieldsOf" -}}
+{{ .entry }}.?fieldsV1.orValue({})
+{{- end }}
+
+{{/* A CEL condition: the managedFields entry `.entry` is the writer's (the request's field manager). */}}
+{{- define "flux-plunger.guard.isWriter" -}}
+(has({{ .entry }}.manager) && {{ .entry }}.manager == variables.writer)
 {{- end }}

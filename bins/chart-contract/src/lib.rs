@@ -43,6 +43,7 @@ pub struct Render {
     release: String,
     namespace: String,
     kube_version: String,
+    serving_admission_policies: bool,
     args: Vec<String>,
 }
 
@@ -52,6 +53,7 @@ impl Render {
             release: release.to_owned(),
             namespace: namespace.to_owned(),
             kube_version: MIN_KUBE_VERSION.to_owned(),
+            serving_admission_policies: true,
             args: Vec::new(),
         }
     }
@@ -74,11 +76,14 @@ impl Render {
         self.arg("-f").arg(path.display().to_string())
     }
 
-    /// Renders as for a cluster that serves ValidatingAdmissionPolicy
-    /// (helm's discovery would say so): with the admission guard.
-    pub fn serving_admission_policies(self) -> Self {
-        self.arg("--api-versions")
-            .arg(testkit::guard::ADMISSION_POLICY_API)
+    /// Renders as for a cluster that does not serve
+    /// ValidatingAdmissionPolicy (Kubernetes 1.29, or `helm template`
+    /// without `--api-versions`). By default a render is for a cluster that
+    /// serves it, as helm's discovery of the local control plane says, and
+    /// the chart refuses to render with its guard on anywhere else.
+    pub fn without_admission_policies(mut self) -> Self {
+        self.serving_admission_policies = false;
+        self
     }
 
     /// Renders as if for this Kubernetes version.
@@ -95,8 +100,12 @@ impl Render {
             .arg("--namespace")
             .arg(&self.namespace)
             .arg("--kube-version")
-            .arg(&self.kube_version)
-            .args(&self.args);
+            .arg(&self.kube_version);
+        if self.serving_admission_policies {
+            cmd.arg("--api-versions")
+                .arg(testkit::guard::ADMISSION_POLICY_API);
+        }
+        cmd.args(&self.args);
         Ok(cmd)
     }
 

@@ -23,7 +23,7 @@ use kube::{Client, ResourceExt};
 use plunger::apply::{self, Claim};
 use plunger::names::{
     FENCE_FINALIZER, FIELD_MANAGER, HELM_CONTROLLER_FINALIZER, HELMRELEASE_API_VERSION,
-    HELMRELEASE_KIND, OWN_ANNOTATIONS,
+    HELMRELEASE_KIND, OWN_ANNOTATIONS, PATCH_FIELD_MANAGER,
 };
 use plunger::release::api::helmreleases;
 use plunger::release::view::ReleaseView;
@@ -85,6 +85,11 @@ const WRITES_ONLY: &str = "only deletes Helm storage Secrets, patches HelmReleas
 const EVENTS_ONLY: &str = "writes only Events about a HelmRelease";
 const LEASE_ONLY: &str = "writes no Lease but its leader Lease";
 const SCALE_ONLY: &str = "scales no Deployment but its own";
+const OWN_MANAGERS: &str = "writes HelmReleases only as its field managers";
+const MANAGED_FIELDS: &str = "changes no managedFields but as the apiserver moves them";
+const SUSPEND_AS_ACQUIRED: &str = "suspends a HelmRelease only by its own apply, with its fence";
+const LIFT_OURS: &str = "lifts only a suspension an Apply entry of its own manager";
+const FENCE_ON_STUCK: &str = "puts its fence only on a HelmRelease that is live and stuck";
 
 /// A release as helm-controller keeps it: its finalizer, some values.
 async fn release_with_values(apps: &TestNamespace, name: &str) -> Result<()> {
@@ -128,6 +133,7 @@ async fn with_its_own_token_the_chart_s_service_account_is_refused_what_flux_plu
         )
         .await?;
     apps.create_storage_secret("web", 1, "uninstalling").await?;
+    apps.mark_stuck("web").await?;
     let own = control_plane()
         .service_account_client(&admin, &setup.ns.name, &setup.fullname())
         .await?;
@@ -147,7 +153,7 @@ async fn with_its_own_token_the_chart_s_service_account_is_refused_what_flux_plu
         releases
             .patch(
                 "web",
-                &PatchParams::default(),
+                &as_patch_manager(),
                 &Patch::Merge(json!({"spec": {"values": {"replicas": 2}}})),
             )
             .await,
@@ -158,7 +164,7 @@ async fn with_its_own_token_the_chart_s_service_account_is_refused_what_flux_plu
         releases
             .patch(
                 "web",
-                &PatchParams::default(),
+                &as_patch_manager(),
                 &Patch::<()>::Json(serde_json::from_value(remove_finalizer_at(
                     0,
                     HELM_CONTROLLER_FINALIZER,
@@ -249,6 +255,7 @@ async fn scoped_to_one_namespace_the_chart_s_token_is_refused_another_s_releases
         tenant
             .create_storage_secret("web", 1, "uninstalling")
             .await?;
+        tenant.mark_stuck("web").await?;
     }
     let storage = "sh.helm.release.v1.web.v1";
     let view_of = |tenant: &TestNamespace| {
@@ -341,8 +348,8 @@ async fn scoped_to_one_namespace_the_chart_s_token_is_refused_another_s_releases
         STORAGE_IN_SCOPE,
     );
     verdicts.refused(
-        "patch spec.suspend in tenant B",
-        b_releases.patch("web", &dry_patch(), &suspend).await,
+        "apply the suspension and the fence in tenant B",
+        dry_acquire(&b_releases, &view_of(&tenant_b).await?).await,
         RELEASES_IN_SCOPE,
     );
     // A hand-over the content rules admit (one entry, the release's own, on
@@ -388,10 +395,12 @@ async fn scoped_to_one_namespace_the_chart_s_token_is_refused_another_s_releases
         EVENTS_IN_SCOPE,
     );
     verdicts.allowed(
-        "patch spec.suspend in tenant A",
-        helmreleases(own.clone(), &tenant_a.name)
-            .patch("web", &dry_patch(), &suspend)
-            .await,
+        "apply the suspension and the fence in tenant A again",
+        dry_acquire(
+            &helmreleases(own.clone(), &tenant_a.name),
+            &view_of(&tenant_a).await?,
+        )
+        .await,
     );
     Api::<ClusterRoleBinding>::all(admin.clone())
         .delete(&binding, &DeleteParams::default())
@@ -456,9 +465,68 @@ fn dry_post() -> PostParams {
     }
 }
 
+/// flux-plunger's acquire (its apply of the suspension and the fence, SPEC
+/// §4.8) of `release` as read, as a dry run.
+async fn dry_acquire(
+    releases: &Api<DynamicObject>,
+    release: &ReleaseView,
+) -> kube::Result<DynamicObject> {
+    dry_apply(releases, release, Claim::SUSPEND_AND_FENCE, false).await
+}
+
+/// A dry-run JSON patch of `ops` to release `name`, under flux-plunger's
+/// guarded-patch field manager.
+async fn dry_json_patch(
+    releases: &Api<DynamicObject>,
+    name: &str,
+    ops: Value,
+) -> Result<kube::Result<DynamicObject>> {
+    let patch = Patch::<()>::Json(serde_json::from_value(ops)?);
+    Ok(releases.patch(name, &dry_patch(), &patch).await)
+}
+
+/// flux-plunger's apply of `claim` to `release` as read, as a dry run.
+async fn dry_apply(
+    releases: &Api<DynamicObject>,
+    release: &ReleaseView,
+    claim: Claim,
+    force: bool,
+) -> kube::Result<DynamicObject> {
+    let mut params = PatchParams::apply(FIELD_MANAGER);
+    params.dry_run = true;
+    params.force = force;
+    releases
+        .patch(
+            &release.name,
+            &params,
+            &Patch::Apply(apply::apply_body(release, claim)),
+        )
+        .await
+}
+
+/// A dry-run patch as flux-plunger's guarded patch sends it, under its
+/// field manager.
 fn dry_patch() -> PatchParams {
     PatchParams {
         dry_run: true,
+        ..as_patch_manager()
+    }
+}
+
+/// A patch under flux-plunger's guarded-patch field manager.
+fn as_patch_manager() -> PatchParams {
+    PatchParams {
+        field_manager: Some(PATCH_FIELD_MANAGER.to_owned()),
+        ..PatchParams::default()
+    }
+}
+
+/// A dry-run patch under flux-plunger's own field manager (its status and
+/// reconcile-request patches).
+fn dry_patch_as_flux_plunger() -> PatchParams {
+    PatchParams {
+        dry_run: true,
+        field_manager: Some(FIELD_MANAGER.to_owned()),
         ..PatchParams::default()
     }
 }
@@ -645,6 +713,7 @@ async fn release_writes(
     // history empty (the stuck state). "tracked": a history helm-controller
     // keeps.
     release_with_values(apps, "web").await?;
+    apps.mark_stuck("web").await?;
     apps.apply_as_flux_plunger("web", false).await?;
     // "fenced": installed (a history helm-controller's uninstall can act
     // on), deleted and uninstalled by helm-controller, which dropped its
@@ -718,9 +787,17 @@ async fn release_writes(
             )
             .await,
     );
-    verdicts.allowed(
-        "merge-patch spec.suspend",
+    verdicts.refused(
+        "merge-patch spec.suspend on a stuck, fenced release (no apply of flux-plunger's owns it)",
         merge(json!({"spec": {"suspend": true}})).await,
+        SUSPEND_AS_ACQUIRED,
+    );
+    let mut suspend_alone = identity.clone();
+    suspend_alone["spec"] = json!({"suspend": true});
+    verdicts.refused(
+        "apply spec.suspend without the fence on a stuck release",
+        apply(suspend_alone, false).await,
+        SUSPEND_AS_ACQUIRED,
     );
     let own: serde_json::Map<String, Value> = OWN_ANNOTATIONS
         .iter()
@@ -750,6 +827,7 @@ async fn release_writes(
         .await?,
     );
     hand_overs(apps, &hc, &releases, verdicts).await?;
+    ownership_and_suspension(apps, &releases, verdicts).await?;
 
     verdicts.refused(
         "merge-patch spec.values",
@@ -791,7 +869,7 @@ async fn release_writes(
         releases
             .patch_status(
                 "tracked",
-                &dry_patch(),
+                &dry_patch_as_flux_plunger(),
                 &Patch::Merge(json!({"status": {"history": [snapshot(), snapshot()]}})),
             )
             .await,
@@ -802,7 +880,7 @@ async fn release_writes(
         releases
             .patch_status(
                 "web",
-                &dry_patch(),
+                &dry_patch_as_flux_plunger(),
                 &Patch::Merge(json!({"status": {"conditions": [{
                     "type": "Ready", "status": "True", "reason": "Forged", "message": "",
                     "lastTransitionTime": "2026-01-01T00:00:00Z"}]}})),
@@ -863,7 +941,7 @@ async fn hand_overs(
             releases
                 .patch_status(
                     release,
-                    &dry_patch(),
+                    &dry_patch_as_flux_plunger(),
                     &Patch::Merge(json!({ "status": status })),
                 )
                 .await
@@ -918,6 +996,197 @@ async fn hand_overs(
         STATUS_ONLY,
     );
     let_go_of(apps, "handed").await?;
+    Ok(())
+}
+
+/// The writes that would make a suspension look flux-plunger's (SPEC §2: an
+/// `Apply` entry of manager `flux-plunger` owning `spec.suspend`), hide
+/// another manager's fields from the apiserver, or suspend and fence a
+/// release flux-plunger is not recovering: a client may send managedFields
+/// in a patch and the apiserver starts from them, so the guard admits only
+/// what the apiserver itself moves on flux-plunger's writes.
+async fn ownership_and_suspension(
+    apps: &TestNamespace,
+    releases: &Api<DynamicObject>,
+    verdicts: &mut Verdicts,
+) -> Result<()> {
+    // "held": stuck, and suspended by an operator (`kubectl patch`), which
+    // flux-plunger must never lift.
+    release_with_values(apps, "held").await?;
+    apps.mark_stuck("held").await?;
+    apps.releases()
+        .patch(
+            "held",
+            &PatchParams {
+                field_manager: Some("kubectl-patch".to_owned()),
+                ..PatchParams::default()
+            },
+            &Patch::Merge(json!({"spec": {"suspend": true}})),
+        )
+        .await?;
+    let entries = serde_json::to_value(
+        apps.releases()
+            .get("held")
+            .await?
+            .metadata
+            .managed_fields
+            .unwrap_or_default(),
+    )?;
+    let entries = entries.as_array().cloned().unwrap_or_default();
+    ensure!(
+        entries.iter().any(|e| e["manager"] == "kubectl-patch"),
+        "the operator's suspension has no managedFields entry: {entries:?}"
+    );
+    let with_entries = |entries: Vec<Value>, params: PatchParams| {
+        let releases = releases.clone();
+        async move {
+            releases
+                .patch(
+                    "held",
+                    &params,
+                    &Patch::Merge(json!({"metadata": {"managedFields": entries}})),
+                )
+                .await
+        }
+    };
+    let forged_apply = json!({
+        "manager": FIELD_MANAGER, "operation": "Apply", "apiVersion": HELMRELEASE_API_VERSION,
+        "time": "2026-01-01T00:00:00Z", "fieldsType": "FieldsV1",
+        "fieldsV1": {"f:spec": {"f:suspend": {}}},
+    });
+    let mut forged = entries.clone();
+    forged.push(forged_apply.clone());
+    verdicts.refused(
+        "forge an Apply entry of flux-plunger owning an operator's spec.suspend",
+        with_entries(forged.clone(), dry_patch_as_flux_plunger()).await,
+        MANAGED_FIELDS,
+    );
+    verdicts.refused(
+        "forge an Apply entry of flux-plunger owning spec.suspend, written as another of its managers",
+        with_entries(forged, dry_patch()).await,
+        MANAGED_FIELDS,
+    );
+    // The operator's entry, changed by `change`.
+    let operator_changed = |change: fn(&mut Value)| {
+        let mut changed = entries.clone();
+        changed
+            .iter_mut()
+            .filter(|e| e["manager"] == "kubectl-patch")
+            .for_each(change);
+        changed
+    };
+    let enlarged = operator_changed(|e| e["fieldsV1"]["f:spec"]["f:values"] = json!({}));
+    verdicts.refused(
+        "enlarge another manager's entry",
+        with_entries(enlarged, dry_patch()).await,
+        MANAGED_FIELDS,
+    );
+    // (A change of times alone the apiserver undoes itself: it keeps the
+    // stored times on a write that changes nothing else.)
+    let rewritten = operator_changed(|e| e["operation"] = json!("Apply"));
+    verdicts.refused(
+        "rewrite another manager's update as an apply",
+        with_entries(rewritten, dry_patch()).await,
+        MANAGED_FIELDS,
+    );
+    let mut added = entries.clone();
+    added.push(json!({
+        "manager": "kustomize-controller", "operation": "Apply", "apiVersion": HELMRELEASE_API_VERSION,
+        "time": "2026-01-01T00:00:00Z", "fieldsType": "FieldsV1",
+        "fieldsV1": {"f:metadata": {"f:labels": {"f:team": {}}}},
+    }));
+    verdicts.refused(
+        "add another manager's entry",
+        with_entries(added, dry_patch()).await,
+        MANAGED_FIELDS,
+    );
+    let stripped: Vec<Value> = entries
+        .iter()
+        .filter(|e| e["manager"] != "kubectl-patch")
+        .cloned()
+        .collect();
+    verdicts.refused(
+        "strip another manager's entry whose suspension did not change",
+        with_entries(stripped, dry_patch()).await,
+        MANAGED_FIELDS,
+    );
+    verdicts.refused(
+        "reset managedFields",
+        with_entries(vec![json!({})], dry_patch()).await,
+        MANAGED_FIELDS,
+    );
+    verdicts.refused(
+        "lift an operator's suspension",
+        dry_json_patch(
+            releases,
+            "held",
+            json!([
+                {"op": "test", "path": "/spec/suspend", "value": true},
+                {"op": "remove", "path": "/spec/suspend"},
+            ]),
+        )
+        .await?,
+        LIFT_OURS,
+    );
+    let held = ReleaseView::from_object(&releases.get("held").await?);
+    verdicts.refused(
+        "apply the suspension and the fence, forced, over an operator's suspension",
+        dry_apply(releases, &held, Claim::SUSPEND_AND_FENCE, true).await,
+        MANAGED_FIELDS,
+    );
+    verdicts.refused(
+        "merge-patch flux-plunger's annotation under another field manager",
+        releases
+            .patch(
+                "held",
+                &PatchParams {
+                    dry_run: true,
+                    field_manager: Some("kubectl-edit".to_owned()),
+                    ..PatchParams::default()
+                },
+                &Patch::Merge(json!({"metadata": {"annotations": {OWN_ANNOTATIONS[0]: "7"}}})),
+            )
+            .await,
+        OWN_MANAGERS,
+    );
+
+    // "idle": live and healthy (not stuck): flux-plunger neither suspends
+    // nor fences it.
+    release_with_values(apps, "idle").await?;
+    let idle = ReleaseView::from_object(&releases.get("idle").await?);
+    verdicts.refused(
+        "apply the suspension and the fence on a release that is not stuck",
+        dry_acquire(releases, &idle).await,
+        SUSPEND_AS_ACQUIRED,
+    );
+    verdicts.refused(
+        "apply the fence on a release that is not stuck",
+        dry_apply(releases, &idle, Claim::FENCE_ONLY, false).await,
+        FENCE_ON_STUCK,
+    );
+    verdicts.refused(
+        "add the fence by a patch to a release that is not stuck",
+        dry_json_patch(
+            releases,
+            "idle",
+            json!([{"op": "add", "path": "/metadata/finalizers/-", "value": FENCE_FINALIZER}]),
+        )
+        .await?,
+        FENCE_ON_STUCK,
+    );
+    // "waiting": stuck, its recovery deferred: flux-plunger fences it alone
+    // (SPEC §4.5).
+    release_with_values(apps, "waiting").await?;
+    apps.mark_stuck("waiting").await?;
+    let waiting = ReleaseView::from_object(&releases.get("waiting").await?);
+    verdicts.allowed(
+        "apply the fence alone on a stuck release whose recovery waits",
+        dry_apply(releases, &waiting, Claim::FENCE_ONLY, false).await,
+    );
+    verdicts.allowed(
+        "apply the suspension and the fence on a stuck release",
+        dry_acquire(releases, &waiting).await,
+    );
     Ok(())
 }
 
@@ -1089,5 +1358,177 @@ async fn leases_and_scale(
             .await,
         WRITES_ONLY,
     );
+    Ok(())
+}
+
+const STAMP_LABEL: &str = "example.com/stamped";
+const STAMP_ANNOTATION: &str = "example.com/seen-version";
+
+/// A mutating admission policy (as a Kyverno mutate rule would) stamping a
+/// label and an annotation that changes on every HelmRelease update in
+/// `apps`' namespace: the guard sees the object after it.
+async fn stamp_every_update(admin: &Client, apps: &TestNamespace) -> Result<()> {
+    let name = format!("stamp-{}", apps.name);
+    let policy: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingAdmissionPolicy",
+        "metadata": {"name": name},
+        "spec": {
+            "failurePolicy": "Fail",
+            "reinvocationPolicy": "Never",
+            "matchConstraints": {"resourceRules": [{
+                "apiGroups": ["helm.toolkit.fluxcd.io"], "apiVersions": ["*"],
+                "operations": ["UPDATE"], "resources": ["helmreleases"],
+            }]},
+            "mutations": [{"patchType": "ApplyConfiguration", "applyConfiguration": {"expression": format!(
+                "Object{{metadata: Object.metadata{{labels: {{\"{STAMP_LABEL}\": \"yes\"}}, \
+                 annotations: {{\"{STAMP_ANNOTATION}\": object.metadata.resourceVersion}}}}}}"
+            )}}],
+        },
+    }))?;
+    let binding: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingAdmissionPolicyBinding",
+        "metadata": {"name": name},
+        "spec": {"policyName": name, "matchResources": {"namespaceSelector": {
+            "matchLabels": {"kubernetes.io/metadata.name": apps.name}}}},
+    }))?;
+    for (object, plural) in [
+        (policy, "mutatingadmissionpolicies"),
+        (binding, "mutatingadmissionpolicybindings"),
+    ] {
+        let kind = object
+            .types
+            .as_ref()
+            .map(|t| t.kind.clone())
+            .unwrap_or_default();
+        Api::<DynamicObject>::all_with(
+            admin.clone(),
+            &testkit::fixtures::vap_resource(&kind, plural),
+        )
+        .create(&PostParams::default(), &object)
+        .await?;
+    }
+    // In force once an update the admin sends (a dry run) comes back stamped.
+    testkit::eventually(
+        Duration::from_secs(60),
+        "the mutating policy stamps HelmRelease updates",
+        || async {
+            let stamped = apps
+                .releases()
+                .patch(
+                    "web",
+                    &PatchParams {
+                        dry_run: true,
+                        ..PatchParams::default()
+                    },
+                    &Patch::Merge(json!({"metadata": {"annotations": {"example.com/probe": "1"}}})),
+                )
+                .await?;
+            Ok(stamped.labels().contains_key(STAMP_LABEL))
+        },
+    )
+    .await
+}
+
+/// A mutator that stamps labels and annotations on every update is no
+/// reason to refuse flux-plunger's own writes: the whole recovery, the
+/// fence held while a recovery waits and its removal by the guarded patch
+/// are admitted, stamped; a client's own change of labels or annotations
+/// that are not flux-plunger's is still refused.
+#[tokio::test]
+async fn under_a_mutator_stamping_every_update_flux_plunger_s_writes_are_admitted_and_a_client_s_changes_refused()
+-> Result<()> {
+    let admin = control_plane().client().await?;
+    let ns = TestNamespace::create(&admin, "guard-mutated").await?;
+    let guarded = ns.guarded().await?;
+    let apps = TestNamespace::create(&admin, "guard-mutated-apps").await?;
+    release_with_values(&apps, "web").await?;
+    apps.releases()
+        .patch(
+            "web",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"team": "payments"}}})),
+        )
+        .await?;
+    apps.mark_stuck("web").await?;
+    apps.create_storage_secret("web", 1, "uninstalling").await?;
+    stamp_every_update(&admin, &apps).await?;
+    let controller = guarded.controller_client().await?;
+    let releases = helmreleases(controller.clone(), &apps.name);
+    let read = || async { anyhow::Ok(ReleaseView::from_object(&releases.get("web").await?)) };
+    let mut verdicts = Verdicts::new(&guarded.policy);
+
+    verdicts.allowed(
+        "apply the suspension and the fence",
+        apply::apply(&controller, &read().await?, Claim::SUSPEND_AND_FENCE, false).await,
+    );
+    verdicts.allowed(
+        "write the processed-revision annotation",
+        apply::annotate(&controller, &read().await?, 1, None).await,
+    );
+    verdicts.allowed(
+        "delete the storage revision",
+        Api::<Secret>::namespaced(controller.clone(), &apps.name)
+            .delete("sh.helm.release.v1.web.v1", &DeleteParams::default())
+            .await,
+    );
+    verdicts.allowed(
+        "lift the suspension and the fence",
+        apply::apply(&controller, &read().await?, Claim::NOTHING, false).await,
+    );
+    verdicts.allowed(
+        "apply the fence while the recovery waits",
+        apply::apply(&controller, &read().await?, Claim::FENCE_ONLY, false).await,
+    );
+    let fenced = read().await?;
+    verdicts.allowed(
+        "remove the fence and its label by the guarded patch",
+        apply::patch_guarded(
+            &controller,
+            &fenced,
+            false,
+            &fenced.fence_indices(),
+            true,
+            PATCH_FIELD_MANAGER,
+        )
+        .await,
+    );
+
+    let clients_changes = [
+        (
+            "merge-patch a label, stamped as well",
+            json!({"labels": {"team": "checkout"}}),
+        ),
+        (
+            "remove a label, stamped as well",
+            json!({"labels": {"team": null}}),
+        ),
+        (
+            "merge-patch an annotation, stamped as well",
+            json!({"annotations": {"example.com/note": "x"}}),
+        ),
+    ];
+    for (what, metadata) in clients_changes {
+        let patch = Patch::Merge(json!({ "metadata": metadata }));
+        verdicts.refused(
+            what,
+            releases.patch("web", &dry_patch(), &patch).await,
+            METADATA_ONLY,
+        );
+    }
+    verdicts.check()?;
+
+    // The writes were stamped, and went through: recovered, then fenced and
+    // let go.
+    let web = apps.releases().get("web").await?;
+    assert_eq!(
+        web.labels().get(STAMP_LABEL).map(String::as_str),
+        Some("yes")
+    );
+    assert!(web.annotations().contains_key(STAMP_ANNOTATION), "{web:?}");
+    assert_eq!(
+        web.labels().get("team").map(String::as_str),
+        Some("payments")
+    );
+    assert!(testkit::is_recovered(&web, 1), "{web:?}");
     Ok(())
 }

@@ -553,8 +553,12 @@ fn the_chart_needs_kubernetes_1_29_for_its_native_sidecar() -> Result<()> {
         stderr.contains("chart requires kubeVersion: >=1.29.0-0"),
         "{stderr}"
     );
+    // Kubernetes 1.29 serves no ValidatingAdmissionPolicy: the chart
+    // installs there only with its guard turned off.
     Render::new(RELEASE, NAMESPACE)
         .kube_version("1.29.0")
+        .without_admission_policies()
+        .set("admissionGuard.enabled=false")
         .manifests()?;
     Ok(())
 }
@@ -601,9 +605,7 @@ fn guard_variable(policy: &Value, name: &str) -> Result<Value> {
 #[test]
 fn the_admission_guard_allows_the_metadata_plunger_names_and_holds_the_pods_service_accounts()
 -> Result<()> {
-    let manifests = Render::new(RELEASE, NAMESPACE)
-        .serving_admission_policies()
-        .manifests()?;
+    let manifests = Render::new(RELEASE, NAMESPACE).manifests()?;
     let policy = manifests.one("ValidatingAdmissionPolicy", false)?;
     assert_eq!(
         guard_variable(policy, "ownFinalizer")?,
@@ -617,6 +619,32 @@ fn the_admission_guard_allows_the_metadata_plunger_names_and_holds_the_pods_serv
         guard_variable(policy, "ownLabels")?,
         Value::from(names::OWN_LABELS.to_vec())
     );
+    // The field managers of every HelmRelease write plunger::apply sends.
+    assert_eq!(
+        guard_variable(policy, "ownManagers")?,
+        Value::from(vec![
+            names::FIELD_MANAGER,
+            names::PATCH_FIELD_MANAGER,
+            names::SWEEP_FIELD_MANAGER,
+            names::SHARED_FIELD_MANAGER,
+        ])
+    );
+    // A suspension and a fence are taken only where the release is stuck
+    // as plunger::release::view reads it.
+    let stuck = policy["spec"]["variables"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|v| v["name"] == "oldLiveStuck")
+        .and_then(|v| v["expression"].as_str())
+        .context("the admission guard has no variable oldLiveStuck")?;
+    for part in [
+        format!("c.type == {:?}", names::READY_CONDITION),
+        "c.status == \"False\"".to_owned(),
+        format!("c.message.contains({:?})", names::STUCK_MESSAGE),
+    ] {
+        assert!(stuck.contains(&part), "{part} not in {stuck}");
+    }
 
     // Exactly the identities the chart's pods run as: the controller pod's
     // (the drain shares it) and the hook Job's.
@@ -676,8 +704,8 @@ fn the_admission_guard_allows_the_metadata_plunger_names_and_holds_the_pods_serv
 }
 
 #[test]
-fn the_admission_guard_is_rendered_where_the_cluster_serves_its_api_unless_turned_off() -> Result<()>
-{
+fn the_admission_guard_is_rendered_where_the_cluster_serves_its_api_and_nowhere_else_unless_turned_off()
+-> Result<()> {
     let guards = |render: Render| -> Result<usize> {
         let manifests = render.manifests()?;
         Ok(manifests.of_kind("ValidatingAdmissionPolicy").count()
@@ -686,12 +714,22 @@ fn the_admission_guard_is_rendered_where_the_cluster_serves_its_api_unless_turne
                 .count())
     };
     let render = || Render::new(RELEASE, NAMESPACE);
-    assert_eq!(guards(render())?, 0, "a cluster without the API");
-    assert_eq!(guards(render().serving_admission_policies())?, 2);
+    assert_eq!(guards(render())?, 2);
+    assert_eq!(guards(render().set("admissionGuard.enabled=false"))?, 0);
+    // Where the guard would be absent, the chart does not install without
+    // it unless told so, and says how to go on.
+    let stderr = render().without_admission_policies().error()?;
+    for says in [
+        "the cluster does not serve admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy",
+        "pass --api-versions admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy",
+        "set admissionGuard.enabled=false",
+    ] {
+        assert!(stderr.contains(says), "{stderr}");
+    }
     assert_eq!(
         guards(
             render()
-                .serving_admission_policies()
+                .without_admission_policies()
                 .set("admissionGuard.enabled=false")
         )?,
         0

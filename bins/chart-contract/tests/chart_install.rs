@@ -88,7 +88,7 @@ async fn helm_install_creates_the_controller_s_objects_and_none_of_the_hook_s() 
 async fn the_apiserver_accepts_every_rendered_object_in_a_server_side_dry_run() -> Result<()> {
     let setup = Setup::new("chart-dry-run").await?;
     // With the admission guard: this control plane serves its API.
-    let render = || setup.render().serving_admission_policies();
+    let render = || setup.render();
     for render in [
         render(),
         // Everything but the ServiceMonitor, whose CRD this control plane
