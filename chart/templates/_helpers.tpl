@@ -470,7 +470,8 @@ A CEL condition: every one of flux-plunger's fields changed hands between
 the entry's fields `.old` and `.new` as the write lets it (see
 flux-plunger.guard.ownershipMoved), the entry being the writer's
 (`.writer`). The existence of the finalizers, labels and annotations (".")
-goes to the writer whenever it writes into them.
+goes to the writer whenever it writes into them, and leaves another
+manager's entry whenever the write changes one of their keys.
 */}}
 {{- define "flux-plunger.guard.ownFieldsMoved" -}}
 {{- $n := dict }}
@@ -484,7 +485,7 @@ goes to the writer whenever it writes into them.
 && variables.ownLabels.all(k, {{ include "flux-plunger.guard.ownershipMoved" (dict "new" (printf "((\"f:\" + k) in %s)" $n.labels) "old" (printf "((\"f:\" + k) in %s)" $o.labels) "writer" .writer "changed" "(variables.changedLabels.exists(c, c == k))" "claim" "variables.oldLiveStuck") }})
 && variables.ownAnnotations.all(k, {{ include "flux-plunger.guard.ownershipMoved" (dict "new" (printf "((\"f:\" + k) in %s)" $n.annotations) "old" (printf "((\"f:\" + k) in %s)" $o.annotations) "writer" .writer "changed" "(variables.changedAnnotations.exists(c, c == k))" "claim" "false") }})
 {{- range $of := list "finalizers" "labels" "annotations" }}
-&& {{ include "flux-plunger.guard.ownershipMoved" (dict "new" (printf "(\".\" in %s)" (get $n $of)) "old" (printf "(\".\" in %s)" (get $o $of)) "writer" $.writer "changed" (printf "variables.%sEmptied" $of) "claim" "true") }}
+&& {{ include "flux-plunger.guard.ownershipMoved" (dict "new" (printf "(\".\" in %s)" (get $n $of)) "old" (printf "(\".\" in %s)" (get $o $of)) "writer" $.writer "changed" (printf "variables.%sTouched" $of) "claim" "true") }}
 {{- end }}
 {{- end }}
 

@@ -318,12 +318,15 @@ async fn run(scenario: Scenario) -> Result<RunResult> {
     let secrets_before = secret_names(&ns).await?;
 
     // flux-plunger's requests go as the chart's ServiceAccount, under the
-    // chart's admission guard.
-    let proxy = FaultProxy::forwarding_as(
-        &testkit::guard::shared()?.controller_kubeconfig(),
-        scenario.fault_plan(scenario.fault_level, 0),
-    )
-    .await?;
+    // chart's admission guard; unfenced, it suspends without the fence,
+    // which the guard refuses, so that one runs with the admin's rights.
+    let identity = if scenario.unfenced {
+        control_plane().kubeconfig_yaml(&testkit::control_plane::AuthInfo::AdminCertificate)
+    } else {
+        testkit::guard::shared()?.controller_kubeconfig()
+    };
+    let proxy =
+        FaultProxy::forwarding_as(&identity, scenario.fault_plan(scenario.fault_level, 0)).await?;
     // helm-controller meets faults of its own; its decisions go to the same
     // journal, and the checks read the world directly.
     let hc_proxy = FaultProxy::in_front_of_control_plane(

@@ -80,19 +80,18 @@ impl World {
     where
         F: Fn() -> futures::future::BoxFuture<'static, ()> + Send + Sync + 'static,
     {
-        let mut reconciler = self.reconciler();
-        let done = Arc::new(AtomicBool::new(false));
-        reconciler.hooks = TestHooks {
-            unfenced: false,
-            pause: Some(Arc::new(move |step| {
-                if step == at && !done.swap(true, Ordering::SeqCst) {
-                    action()
-                } else {
-                    async {}.boxed()
-                }
-            })),
-        };
-        reconciler
+        pausing(self.reconciler(), at, action)
+    }
+
+    /// A reconciler with the admin's rights: the flux-plunger the fence
+    /// exists against suspends without the fence, which the chart's admission
+    /// guard refuses the chart's ServiceAccount.
+    fn unguarded_reconciler(&self) -> Reconciler {
+        Reconciler::new(
+            self.client.clone(),
+            Events::new(self.client.clone(), "flux-plunger", None),
+            Timings::default(),
+        )
     }
 
     /// A release as helm-controller keeps it: installed, with its finalizer,
@@ -226,7 +225,12 @@ async fn delete_during_recovery(
     let releases = w.ns.releases();
     let hc = w.hc.clone();
     let target = name.to_owned();
-    let mut reconciler = w.reconciler_pausing(Step::Acquired, move || {
+    let base = if unfenced {
+        w.unguarded_reconciler()
+    } else {
+        w.reconciler()
+    };
+    let mut reconciler = pausing(base, Step::Acquired, move || {
         let releases = releases.clone();
         let hc = hc.clone();
         let target = target.clone();
@@ -258,6 +262,25 @@ async fn delete_during_recovery(
         w.reconciler().reconcile(&w.ns.name, name).await?;
     }
     Ok(())
+}
+
+/// `reconciler`, running `action` once, the first time it reaches `at`.
+fn pausing<F>(mut reconciler: Reconciler, at: Step, action: F) -> Reconciler
+where
+    F: Fn() -> futures::future::BoxFuture<'static, ()> + Send + Sync + 'static,
+{
+    let done = Arc::new(AtomicBool::new(false));
+    reconciler.hooks = TestHooks {
+        unfenced: false,
+        pause: Some(Arc::new(move |step| {
+            if step == at && !done.swap(true, Ordering::SeqCst) {
+                action()
+            } else {
+                async {}.boxed()
+            }
+        })),
+    };
+    reconciler
 }
 
 /// helm-controller uninstalled `name` (its resources and storage gone): the
