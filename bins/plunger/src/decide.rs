@@ -129,6 +129,10 @@ pub struct Clock {
     pub fence_recheck_interval: Duration,
     /// How long a delete may be held before we warn (SPEC §5e).
     pub fence_held_warning_after: Duration,
+    /// How long the storage steps of this release (the read a decision
+    /// needs, the reclaim of an `uninstalled` newest revision) have failed on
+    /// every try; `None` while they do not.
+    pub storage_failing_for: Option<Duration>,
     /// Whether the fence stays on a stuck release while its recovery waits
     /// (SPEC §4.5): the controller's passes; the drain lets go of every
     /// live release instead, as its pod is going away.
@@ -366,6 +370,19 @@ fn describe_revisions(revisions: &[&StorageRevision]) -> String {
         "Helm storage {} and the objects they installed",
         names.join(", ")
     )
+}
+
+/// SPEC §5a: storage steps of a release being deleted that have failed on
+/// every try for as long as a delete is held before the warning (a payload
+/// read a remote identity may not make, a reclaim an admission policy
+/// refuses, an apiserver that keeps failing) are given up: the storage
+/// counts as unreadable, so nothing is handed over, our suspension is lifted
+/// and the fence let go with a Warning. Retrying the same step for ever
+/// would keep the release Terminating, under our suspension, for good.
+pub fn storage_given_up(clock: &Clock) -> bool {
+    clock
+        .storage_failing_for
+        .is_some_and(|failing| failing >= clock.fence_held_warning_after)
 }
 
 /// The delete has been held as long as SPEC §5e lets it be before warning.

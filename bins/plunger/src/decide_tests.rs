@@ -101,6 +101,7 @@ fn clock() -> Clock {
         since_last_fence_warning: None,
         fence_recheck_interval: MINUTE,
         fence_held_warning_after: 10 * MINUTE,
+        storage_failing_for: None,
         holds_waiting_releases: true,
     }
 }
@@ -1158,4 +1159,18 @@ fn under_our_suspension_a_fence_listed_again_by_another_manager_is_still_ours() 
     let release = terminating(fenced_by(ours(stuck(release())), "kubectl-patch", "Update"));
     assert!(release.fence_owned_by_us());
     assert_eq!(decide(&release, &clock()), Decision::ReadStorage);
+}
+
+#[test]
+fn storage_steps_that_fail_for_as_long_as_a_delete_is_held_before_the_warning_are_given_up() {
+    let failing = |failing: Option<Duration>| Clock {
+        storage_failing_for: failing,
+        ..clock()
+    };
+    assert!(!storage_given_up(&failing(None)), "not failing");
+    assert!(
+        !storage_given_up(&failing(Some(10 * MINUTE - Duration::from_secs(1)))),
+        "retried until the bound"
+    );
+    assert!(storage_given_up(&failing(Some(10 * MINUTE))));
 }

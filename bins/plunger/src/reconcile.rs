@@ -141,6 +141,12 @@ enum Unreached {
 /// gives up (and the recovery is undone and retried).
 const MAX_CONFLICTS_WHILE_HELD: u32 = 5;
 
+/// Storage steps of one release that have failed on every try since.
+struct StorageFailure {
+    since: Instant,
+    last: String,
+}
+
 /// Everything a reconcile needs.
 pub struct Reconciler {
     client: Client,
@@ -149,6 +155,9 @@ pub struct Reconciler {
     /// When we last warned that a release's delete is held, by uid: one
     /// warning per release per re-check interval, however often it is woken.
     fence_warnings: Mutex<HashMap<String, Instant>>,
+    /// Since when, and with what last error, the storage steps of a release
+    /// being deleted have failed on every try, by uid ([`decide::storage_given_up`]).
+    storage_failures: Mutex<HashMap<String, StorageFailure>>,
     controls: Controls,
     /// Whose passes these are: see [`Reconciler::letting_go`].
     holds_waiting_releases: bool,
@@ -163,6 +172,7 @@ impl Reconciler {
             events,
             timings,
             fence_warnings: Mutex::new(HashMap::new()),
+            storage_failures: Mutex::new(HashMap::new()),
             controls: Controls::default(),
             holds_waiting_releases: true,
             #[cfg(feature = "test-hooks")]
@@ -244,8 +254,23 @@ impl Reconciler {
         let clock = self.clock(release);
         match decide::decide(release, &clock) {
             Decision::ReadStorage => {
-                let facts = self.storage_facts(release).await?;
-                Ok(decide::decide_with_storage(release, &facts, &clock))
+                if decide::storage_given_up(&clock) {
+                    let facts = StorageFacts::Unreadable {
+                        why: self.storage_failure_reason(release),
+                    };
+                    return Ok(decide::decide_with_storage(release, &facts, &clock));
+                }
+                let facts = self
+                    .storage_facts(release)
+                    .await
+                    .inspect_err(|err| self.storage_failed(release, err))?;
+                let decision = decide::decide_with_storage(release, &facts, &clock);
+                // A reclaim is a storage step of its own: the read alone has
+                // not succeeded at what the storage was needed for.
+                if !matches!(decision, Decision::ReclaimUninstalled { .. }) {
+                    self.storage_succeeded(release);
+                }
+                Ok(decision)
             }
             decision => Ok(decision),
         }
@@ -326,6 +351,46 @@ impl Reconciler {
         })
     }
 
+    /// Notes that a storage step of `release` failed (the first failure
+    /// starts the count of [`decide::storage_given_up`]).
+    fn storage_failed(&self, release: &ReleaseView, err: &Error) {
+        let mut failures = self
+            .storage_failures
+            .lock()
+            .expect("storage failure map poisoned");
+        let failure = failures
+            .entry(release.uid.clone())
+            .or_insert_with(|| StorageFailure {
+                since: Instant::now(),
+                last: String::new(),
+            });
+        failure.last = err.to_string();
+    }
+
+    /// Notes that the storage steps of `release` succeeded: a later failure
+    /// counts afresh.
+    fn storage_succeeded(&self, release: &ReleaseView) {
+        self.storage_failures
+            .lock()
+            .expect("storage failure map poisoned")
+            .remove(&release.uid);
+    }
+
+    /// Why the storage steps of `release` were given up.
+    fn storage_failure_reason(&self, release: &ReleaseView) -> String {
+        let failures = self
+            .storage_failures
+            .lock()
+            .expect("storage failure map poisoned");
+        let last = failures
+            .get(&release.uid)
+            .map_or("", |failure| failure.last.as_str());
+        format!(
+            "its storage steps failed on every try for {}s: {last}",
+            self.timings.fence_held_warning_after.as_secs()
+        )
+    }
+
     /// A client of the cluster the release is installed in (and its storage
     /// is): this one, or the remote one of `spec.kubeConfig`; why not, when
     /// that cannot be used or read, or when helm-controller, acting for the
@@ -387,11 +452,18 @@ impl Reconciler {
             .expect("fence warning map poisoned")
             .get(&release.uid)
             .map(Instant::elapsed);
+        let storage_failing_for = self
+            .storage_failures
+            .lock()
+            .expect("storage failure map poisoned")
+            .get(&release.uid)
+            .map(|failure| failure.since.elapsed());
         Clock {
             terminating_for: release.terminating_for(k8s_openapi::jiff::Timestamp::now()),
             since_last_fence_warning,
             fence_recheck_interval: self.timings.fence_recheck_interval,
             fence_held_warning_after: self.timings.fence_held_warning_after,
+            storage_failing_for,
             holds_waiting_releases: self.holds_waiting_releases,
         }
     }
@@ -535,7 +607,10 @@ impl Reconciler {
                         ));
                     }
                 };
-                self.delete_storage_revision(&client, &revision).await?;
+                self.delete_storage_revision(&client, &revision)
+                    .await
+                    .inspect_err(|err| self.storage_failed(release, err))?;
+                self.storage_succeeded(release);
                 tracing::info!(release = %release.key(), secret = %revision.name, "deleted an uninstalled newest revision, so that the uninstall targets the live one below it");
                 Ok((
                     Outcome::ReclaimedUninstalled {

@@ -353,3 +353,102 @@ async fn a_fence_an_older_flux_plunger_set_on_a_deleted_release_gets_its_label_a
     assert_eq!(w.view("web").await?.resource_version, before);
     Ok(())
 }
+
+/// SPEC §5a: a storage step that fails on every try (here the reclaim of an `uninstalled` newest
+/// revision, refused by an admission policy) is retried for as long as a delete is held before
+/// the warning, then given up: our suspension is lifted, so that helm-controller's deletion path
+/// runs, and the fence is let go with a Warning naming why, instead of the release staying
+/// Terminating under our suspension for good.
+#[tokio::test]
+async fn a_reclaim_refused_on_every_try_is_given_up_and_our_suspension_lifted() -> Result<()> {
+    let w = world("handover-refused-reclaim").await?;
+    deleted_under_our_suspension(&w, "web", &[(1, "superseded"), (2, "uninstalled")]).await?;
+    let refusal = w
+        .ns
+        .refuse(
+            "no-storage-delete",
+            json!({"apiGroups": [""], "apiVersions": ["*"], "operations": ["DELETE"], "resources": ["secrets"]}),
+            "false",
+            "test: storage deletes are refused",
+        )
+        .await?;
+    let secrets = w.ns.secrets();
+    testkit::eventually(
+        Duration::from_secs(30),
+        "the admission policy refuses storage deletes",
+        || {
+            let secrets = secrets.clone();
+            async move {
+                let params = DeleteParams {
+                    dry_run: true,
+                    ..DeleteParams::default()
+                };
+                Ok(secrets
+                    .delete("sh.helm.release.v1.web.v2", &params)
+                    .await
+                    .is_err())
+            }
+        },
+    )
+    .await?;
+    let bound = Duration::from_secs(2);
+    let reconciler = Reconciler::new(
+        w.flux_plunger.clone(),
+        Events::new(w.flux_plunger.clone(), "flux-plunger", None),
+        Timings {
+            fence_held_warning_after: bound,
+            ..Timings::default()
+        },
+    );
+
+    let first = reconciler.reconcile(&w.ns.name, "web").await.unwrap_err();
+    assert_eq!(first.kind(), "delete_storage", "{first}");
+    let mut tries = 1;
+    testkit::eventually(
+        Duration::from_secs(30),
+        "the refused reclaim is given up",
+        || {
+            tries += 1;
+            let reconciler = &reconciler;
+            let name = w.ns.name.clone();
+            async move {
+                Ok(match reconciler.reconcile(&name, "web").await {
+                    Ok(outcome) => {
+                        assert_eq!(outcome, Outcome::Lifted { kept_fence: true });
+                        true
+                    }
+                    Err(err) => {
+                        assert_eq!(err.kind(), "delete_storage", "{err}");
+                        false
+                    }
+                })
+            }
+        },
+    )
+    .await?;
+    assert!(tries > 1, "retried before it was given up");
+    let view = w.view("web").await?;
+    assert!(!view.suspend && view.has_fence(), "{view:?}");
+    assert_eq!(
+        w.revisions().await?,
+        vec!["sh.helm.release.v1.web.v1", "sh.helm.release.v1.web.v2"]
+    );
+
+    // helm-controller meets the unsuspended release, with nothing handed
+    // over, and lets its finalizer go; the fence is let go with a Warning.
+    w.hc.handle("web").await?;
+    assert_eq!(
+        reconciler.reconcile(&w.ns.name, "web").await?,
+        Outcome::ReleasedWithoutUninstall
+    );
+    let events = w.ns.events_for("web").await?;
+    assert!(
+        events
+            .iter()
+            .any(|e| e.reason == "ReleasedWithoutUninstall"
+                && e.note.contains("failed on every try")),
+        "{events:?}"
+    );
+    refusal.lift().await?;
+    Ok(())
+}
