@@ -2,10 +2,12 @@
 //! the bounded stop on SIGTERM (SPEC §6).
 
 use std::process::ExitCode;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use anyhow::{Context as _, bail};
+use kube::api::DynamicObject;
+use kube::runtime::reflector::Store;
 use plunger::lease::{self, Attempt, Keeping, LeaseLock};
 use plunger::ratelimit::RateLimiter;
 use plunger::reconcile::{Controls, Reconciler};
@@ -58,6 +60,18 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         "flux-plunger starting"
     );
     tokio::spawn(server::serve_health(health_listener, readiness.clone()));
+    // Every pod serves /metrics from the start: a standby's says
+    // `flux_plunger_leader 0`; the gauges of the watch's cache come once the
+    // watch runs, on the leader.
+    let stores: Arc<OnceLock<Vec<Store<DynamicObject>>>> = Arc::default();
+    tokio::spawn(server::serve_metrics(metrics_listener, metrics.clone(), {
+        let stores = stores.clone();
+        move |m| {
+            if let Some(stores) = stores.get() {
+                controller::refresh_gauges(stores, m);
+            }
+        }
+    }));
 
     let (stop_tx, mut stop_rx) = watch::channel(Stop::Running);
     tokio::spawn(stop_on_signal(stop_tx.clone()));
@@ -73,10 +87,13 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
             &identity,
             timings.lease_duration,
         );
+        // A candidate works as it should while it waits: ready.
+        readiness.set_ready();
         let Some(renewed_at) = acquire(&mut lock, &timings, &mut stop_rx).await? else {
             tracing::info!("stopped before becoming the leader");
             return Ok(ExitCode::SUCCESS);
         };
+        readiness.set_syncing();
         metrics.leader.set(1);
         let held = lease::hold(lock, renewed_at, Keeping::controller(&timings));
         let lost = held.lost();
@@ -119,11 +136,8 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
             let _ = controller_stop.wait_for(|s| *s != Stop::Running).await;
         },
     ));
-    if let Ok(stores) = stores_rx.await {
-        let gauges = metrics.clone();
-        tokio::spawn(server::serve_metrics(metrics_listener, gauges, move |m| {
-            controller::refresh_gauges(&stores, m)
-        }));
+    if let Ok(watched) = stores_rx.await {
+        let _ = stores.set(watched);
     }
 
     let mut controller_task = controller_task;

@@ -15,13 +15,22 @@ use tokio::net::TcpListener;
 
 use crate::metrics::Metrics;
 
-/// Whether the controller's watch has synced (readiness).
+/// Whether this process works (readiness): as a candidate waiting for the
+/// Lease, or as the leader once its watch has synced. Never "this process
+/// leads": a standby that answered 503 would keep a Deployment of two
+/// replicas from becoming available, and Flux's own controllers answer
+/// readiness whether they lead or not.
 #[derive(Clone, Default)]
 pub struct Readiness(Arc<AtomicBool>);
 
 impl Readiness {
     pub fn set_ready(&self) {
         self.0.store(true, Ordering::SeqCst);
+    }
+
+    /// Leading now, until the watch has synced.
+    pub fn set_syncing(&self) {
+        self.0.store(false, Ordering::SeqCst);
     }
 
     pub fn is_ready(&self) -> bool {

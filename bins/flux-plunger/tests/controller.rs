@@ -449,3 +449,67 @@ async fn a_controller_whose_work_ends_unexpectedly_exits_non_zero() -> Result<()
     assert!(!status.success(), "{status:?}");
     Ok(())
 }
+
+/// A standby works as it should while it waits for the Lease: it is ready (a Deployment of two
+/// replicas becomes available, as Flux's own controllers do) and serves `/metrics` with
+/// `flux_plunger_leader 0`. When the leader dies without a word (SIGKILL: no drain, the Lease
+/// left to expire), the standby leads within the Lease's duration and recovers a release made
+/// stuck meanwhile; the dead leader's Lease never had two holders.
+#[tokio::test]
+async fn a_standby_is_ready_serves_metrics_and_leads_once_the_leader_is_gone() -> Result<()> {
+    let _turn = testkit::cluster_wide_turn().await;
+    let client = control_plane().client().await?;
+    let ns = TestNamespace::create(&client, "standby").await?;
+    let guarded = ns.guarded().await?;
+    let scope = format!("--watch-namespace={}", ns.name);
+    let flags = [
+        "--leader-elect=true",
+        "--leader-election-lease-name=flux-plunger",
+        scope.as_str(),
+    ];
+    let mut leader = start(
+        &guarded,
+        &flags,
+        &[("POD_NAME", "flux-plunger-a"), ("POD_NAMESPACE", &ns.name)],
+    )
+    .await?;
+    wait_ready(&leader).await?;
+    metrics_with(leader.metrics, "flux_plunger_leader 1").await?;
+    let standby = start(
+        &guarded,
+        &flags,
+        &[("POD_NAME", "flux-plunger-b"), ("POD_NAMESPACE", &ns.name)],
+    )
+    .await?;
+    wait_ready(&standby).await?;
+    metrics_with(standby.metrics, "flux_plunger_leader 0").await?;
+    let leases: Api<Lease> = Api::namespaced(client.clone(), &ns.name);
+    let holder = |lease: Lease| lease.spec.and_then(|s| s.holder_identity);
+    assert_eq!(
+        holder(leases.get("flux-plunger").await?).as_deref(),
+        Some("flux-plunger-a"),
+        "the standby waits"
+    );
+
+    leader.child.kill().await?;
+    let hc = SimulatedHelmController::new(client.clone(), &ns.name);
+    ns.create_release("web", json!({})).await?;
+    assert_eq!(hc.handle("web").await?, Handled::AddedFinalizer);
+    ns.create_storage_secret("web", 1, "superseded").await?;
+    ns.create_storage_secret("web", 2, "uninstalling").await?;
+    ns.mark_stuck("web").await?;
+    let lease_duration = plunger::timings::Timings::default().lease_duration;
+    eventually(
+        lease_duration * 2 + Duration::from_secs(30),
+        "the standby leads and recovers the release",
+        || ns.is_recovered("web", 2),
+    )
+    .await?;
+    assert_eq!(
+        holder(leases.get("flux-plunger").await?).as_deref(),
+        Some("flux-plunger-b")
+    );
+    metrics_with(standby.metrics, "flux_plunger_leader 1").await?;
+    wait_ready(&standby).await?;
+    Ok(())
+}
