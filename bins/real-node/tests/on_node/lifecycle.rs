@@ -61,7 +61,8 @@ async fn the_chart_installs_recovers_a_stuck_release_and_uninstalls_through_its_
     let ns = on.ns();
 
     // Installed with the image built here: the pod is Ready, which the chart's
-    // readiness probe (/readyz) says only once the HelmRelease watch synced.
+    // readiness probe (/readyz) says while the process works (a candidate, or
+    // the leader once its HelmRelease watch synced); the Lease says it leads.
     on.install(&["shutdownGracePeriodSeconds=40"])?;
     let pod = on.ready_pod(None).await?;
     let pod_name = name_of(&pod);
