@@ -104,7 +104,6 @@ impl Metrics {
     pub fn observe(&self, outcome: &Outcome) {
         let handover = match outcome {
             Outcome::HandedOver { .. } => Some("handed_over"),
-            Outcome::ReclaimedUninstalled { .. } => Some("reclaimed_uninstalled"),
             Outcome::ReconcileRequested => Some("reconcile_requested"),
             Outcome::ReleasedWithoutUninstall => Some("released_without_uninstall"),
             _ => None,

@@ -45,11 +45,6 @@ pub enum Decision {
         then: AfterHandOver,
         event: EventSpec,
     },
-    /// The newest revision is an `uninstalled` one above live ones: Helm's
-    /// uninstall would only purge the storage and leave what the live ones
-    /// installed. Delete it first, so that the uninstall targets the newest
-    /// live revision.
-    ReclaimUninstalled { revision: StorageRevision },
     /// helm-controller finished with the delete while its history (restored)
     /// names a release to uninstall: ask it to reconcile again.
     RequestReconcile,
@@ -88,27 +83,23 @@ pub enum StorageFacts {
 /// Which revision a Helm uninstall of the storage would act on.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum UninstallTarget<'a> {
-    /// No live revision: Helm would at most purge the storage.
+    /// Nothing is installed: no revision, or a newest `uninstalled` one.
     Nothing,
     /// The newest revision, live: the uninstall deletes what it installed.
     Revision(&'a StorageRevision),
-    /// The newest revision is `uninstalled`, live ones lie below it: it must
-    /// go first (see [`Decision::ReclaimUninstalled`]).
-    ReclaimFirst(&'a StorageRevision),
 }
 
-/// Helm's uninstall acts on the newest revision; an `uninstalled` one it only
-/// purges, keeping whatever the revisions below installed.
+/// Helm's uninstall acts on the newest revision. A newest `uninstalled` one
+/// means nothing is installed, whatever lies below it: Helm writes that
+/// status on the release it uninstalled, after deleting its objects, and
+/// keeps the older revisions (`superseded` by then) only as history
+/// (`keepHistory`). Handing one of those to helm-controller would run the
+/// chart's delete hooks again and delete by name every object of an old
+/// manifest, another release's objects of the same name included.
 pub fn uninstall_target(revisions: &[StorageRevision]) -> UninstallTarget<'_> {
-    let Some(newest) = revisions.iter().max_by_key(|r| r.revision) else {
-        return UninstallTarget::Nothing;
-    };
-    if is_live(newest) {
-        UninstallTarget::Revision(newest)
-    } else if revisions.iter().any(is_live) {
-        UninstallTarget::ReclaimFirst(newest)
-    } else {
-        UninstallTarget::Nothing
+    match revisions.iter().max_by_key(|r| r.revision) {
+        Some(newest) if is_live(newest) => UninstallTarget::Revision(newest),
+        _ => UninstallTarget::Nothing,
     }
 }
 
@@ -129,9 +120,8 @@ pub struct Clock {
     pub fence_recheck_interval: Duration,
     /// How long a delete may be held before we warn (SPEC §5e).
     pub fence_held_warning_after: Duration,
-    /// How long the storage steps of this release (the read a decision
-    /// needs, the reclaim of an `uninstalled` newest revision) have failed on
-    /// every try; `None` while they do not.
+    /// How long the storage read a decision on this release needs has
+    /// failed on every try; `None` while it does not.
     pub storage_failing_for: Option<Duration>,
     /// Whether the fence stays on a stuck release while its recovery waits
     /// (SPEC §4.5): the controller's passes; the drain lets go of every
@@ -277,10 +267,10 @@ fn decide_terminating(
         }
         StorageFacts::Listed { revisions, .. } => revisions,
     };
-    let live: Vec<&StorageRevision> = revisions.iter().filter(|r| is_live(r)).collect();
-    if live.is_empty() {
+    if uninstall_target(revisions) == UninstallTarget::Nothing {
         return Decision::DropFence { event: None };
     }
+    let live: Vec<&StorageRevision> = revisions.iter().filter(|r| is_live(r)).collect();
     if release.our_reconcile_request_handled() {
         // helm-controller handled the history flux-plunger handed it. Kept,
         // it is retrying a failed uninstall; cleared, it let the release go
@@ -322,14 +312,10 @@ fn hand_over(
             return Err(format!("its Helm storage cannot be read: {why}"));
         }
     };
-    let target = match uninstall_target(revisions) {
-        UninstallTarget::Nothing => return Err("no live revision is stored".to_owned()),
-        UninstallTarget::ReclaimFirst(newest) => {
-            return Ok(Decision::ReclaimUninstalled {
-                revision: newest.clone(),
-            });
-        }
-        UninstallTarget::Revision(target) => target,
+    let UninstallTarget::Revision(target) = uninstall_target(revisions) else {
+        return Err(
+            "nothing is installed: no revision is stored, or the newest is uninstalled".to_owned(),
+        );
     };
     let snapshot = match snapshot {
         Some(Ok(snapshot)) => snapshot.clone(),
@@ -372,10 +358,10 @@ fn describe_revisions(revisions: &[&StorageRevision]) -> String {
     )
 }
 
-/// SPEC §5a: storage steps of a release being deleted that have failed on
-/// every try for as long as a delete is held before the warning (a payload
-/// read a remote identity may not make, a reclaim an admission policy
-/// refuses, an apiserver that keeps failing) are given up: the storage
+/// SPEC §5a: the storage read a decision on a release being deleted needs,
+/// failing on every try for as long as a delete is held before the warning
+/// (a payload the apiserver keeps failing to serve, a kubeconfig Secret that
+/// cannot be read, a review that is not answered) is given up: the storage
 /// counts as unreadable, so nothing is handed over, our suspension is lifted
 /// and the fence let go with a Warning. Retrying the same step for ever
 /// would keep the release Terminating, under our suspension, for good.

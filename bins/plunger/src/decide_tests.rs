@@ -553,14 +553,24 @@ fn a_storage_namespace_the_status_lost_is_handed_over_with_the_history() {
 }
 
 #[test]
-fn an_uninstalled_newest_revision_above_live_ones_is_reclaimed_before_the_hand_over() {
+fn a_newest_uninstalled_revision_above_history_is_nothing_to_hand_over() {
     let r = terminating(fenced(ours(stuck(release()))));
     let storage = listed(&[revision(1, "superseded"), revision(2, "uninstalled")]);
     assert_eq!(
         decide_with_storage(&r, &storage, &clock()),
-        Decision::ReclaimUninstalled {
-            revision: revision(2, "uninstalled")
-        }
+        Decision::Lift { keep_fence: true },
+        "our suspension goes; no superseded revision is handed over"
+    );
+}
+
+#[test]
+fn a_newest_uninstalled_revision_above_history_drops_the_fence_once_helm_controller_is_done() {
+    let r = handled_by_helm_controller(terminating(fenced(release())), false);
+    let storage = listed(&[revision(1, "superseded"), revision(2, "uninstalled")]);
+    assert_eq!(
+        decide_with_storage(&r, &storage, &clock()),
+        Decision::DropFence { event: None },
+        "nothing is installed: nothing to uninstall, nothing to warn about"
     );
 }
 
@@ -764,11 +774,8 @@ fn the_uninstall_targets_the_newest_revision_unless_it_is_uninstalled() {
     assert_eq!(uninstall_target(&[]), UninstallTarget::Nothing);
     let live = [revision(2, "failed"), revision(1, "superseded")];
     assert_eq!(uninstall_target(&live), UninstallTarget::Revision(&live[0]));
-    let bogus = [revision(1, "superseded"), revision(2, "uninstalled")];
-    assert_eq!(
-        uninstall_target(&bogus),
-        UninstallTarget::ReclaimFirst(&bogus[1])
-    );
+    let history = [revision(1, "superseded"), revision(2, "uninstalled")];
+    assert_eq!(uninstall_target(&history), UninstallTarget::Nothing);
     let gone = [revision(1, "uninstalled"), revision(2, "uninstalled")];
     assert_eq!(uninstall_target(&gone), UninstallTarget::Nothing);
 }

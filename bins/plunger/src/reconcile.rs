@@ -65,9 +65,6 @@ pub enum Outcome {
     /// this revision written to its history (then our suspension lifted, or
     /// a reconcile requested).
     HandedOver { revision: u64 },
-    /// An `uninstalled` newest revision above live ones was deleted, so that
-    /// the uninstall targets the live one: decide again at once.
-    ReclaimedUninstalled { revision: u64 },
     /// helm-controller was asked to reconcile the release being deleted.
     ReconcileRequested,
     /// The fence was let go though nothing could uninstall the release.
@@ -86,7 +83,6 @@ impl Outcome {
                 Some(*recheck)
             }
             Outcome::RateLimited { retry_after } => Some(*retry_after),
-            Outcome::ReclaimedUninstalled { .. } => Some(Duration::ZERO),
             _ => None,
         }
     }
@@ -155,8 +151,8 @@ pub struct Reconciler {
     /// When we last warned that a release's delete is held, by uid: one
     /// warning per release per re-check interval, however often it is woken.
     fence_warnings: Mutex<HashMap<String, Instant>>,
-    /// Since when, and with what last error, the storage steps of a release
-    /// being deleted have failed on every try, by uid ([`decide::storage_given_up`]).
+    /// Since when, and with what last error, the storage read of a release
+    /// being deleted has failed on every try, by uid ([`decide::storage_given_up`]).
     storage_failures: Mutex<HashMap<String, StorageFailure>>,
     controls: Controls,
     /// Whose passes these are: see [`Reconciler::letting_go`].
@@ -264,13 +260,8 @@ impl Reconciler {
                     .storage_facts(release)
                     .await
                     .inspect_err(|err| self.storage_failed(release, err))?;
-                let decision = decide::decide_with_storage(release, &facts, &clock);
-                // A reclaim is a storage step of its own: the read alone has
-                // not succeeded at what the storage was needed for.
-                if !matches!(decision, Decision::ReclaimUninstalled { .. }) {
-                    self.storage_succeeded(release);
-                }
-                Ok(decision)
+                self.storage_succeeded(release);
+                Ok(decide::decide_with_storage(release, &facts, &clock))
             }
             decision => Ok(decision),
         }
@@ -351,7 +342,7 @@ impl Reconciler {
         })
     }
 
-    /// Notes that a storage step of `release` failed (the first failure
+    /// Notes that the storage read of `release` failed (the first failure
     /// starts the count of [`decide::storage_given_up`]).
     fn storage_failed(&self, release: &ReleaseView, err: &Error) {
         let mut failures = self
@@ -367,7 +358,7 @@ impl Reconciler {
         failure.last = err.to_string();
     }
 
-    /// Notes that the storage steps of `release` succeeded: a later failure
+    /// Notes that the storage read of `release` succeeded: a later failure
     /// counts afresh.
     fn storage_succeeded(&self, release: &ReleaseView) {
         self.storage_failures
@@ -376,7 +367,7 @@ impl Reconciler {
             .remove(&release.uid);
     }
 
-    /// Why the storage steps of `release` were given up.
+    /// Why the storage read of `release` was given up.
     fn storage_failure_reason(&self, release: &ReleaseView) -> String {
         let failures = self
             .storage_failures
@@ -386,7 +377,7 @@ impl Reconciler {
             .get(&release.uid)
             .map_or("", |failure| failure.last.as_str());
         format!(
-            "its storage steps failed on every try for {}s: {last}",
+            "reading its storage failed on every try for {}s: {last}",
             self.timings.fence_held_warning_after.as_secs()
         )
     }
@@ -578,45 +569,6 @@ impl Reconciler {
                         revision: snapshot.version,
                     },
                     written,
-                ))
-            }
-            Decision::ReclaimUninstalled { revision } => {
-                // The storage was just listed through this client; if it
-                // cannot be made now, look again later.
-                let location = StorageLocation::of(release);
-                let client = match self.storage_client(release, &location).await {
-                    Ok(client) => client,
-                    Err(Unreached::Remote(
-                        RemoteError::Unreadable(source) | RemoteError::Missing(source),
-                    )) => {
-                        return Err(Error::ReadKubeconfig {
-                            key: release.key(),
-                            source,
-                        });
-                    }
-                    Err(Unreached::ReviewFailed(err)) => return Err(err),
-                    Err(
-                        Unreached::Remote(RemoteError::Unusable(why)) | Unreached::OutOfReach(why),
-                    ) => {
-                        tracing::warn!(release = %release.key(), %why, "cannot reach the Helm storage again; retrying later");
-                        return Ok((
-                            Outcome::FenceHeld {
-                                recheck: self.timings.fence_recheck_interval,
-                            },
-                            release.clone(),
-                        ));
-                    }
-                };
-                self.delete_storage_revision(&client, &revision)
-                    .await
-                    .inspect_err(|err| self.storage_failed(release, err))?;
-                self.storage_succeeded(release);
-                tracing::info!(release = %release.key(), secret = %revision.name, "deleted an uninstalled newest revision, so that the uninstall targets the live one below it");
-                Ok((
-                    Outcome::ReclaimedUninstalled {
-                        revision: revision.revision,
-                    },
-                    release.clone(),
                 ))
             }
             Decision::RequestReconcile => {
@@ -1178,10 +1130,6 @@ fn would_write(decision: &Decision) -> Option<String> {
                 AfterHandOver::Lift { .. } => "lift flux-plunger's suspension",
                 AfterHandOver::RequestReconcile => "ask helm-controller to reconcile",
             }
-        )),
-        Decision::ReclaimUninstalled { revision } => Some(format!(
-            "delete the uninstalled newest revision {}/{}",
-            revision.namespace, revision.name
         )),
         Decision::RequestReconcile => Some("ask helm-controller to reconcile".to_owned()),
         Decision::LetGo { .. } => {

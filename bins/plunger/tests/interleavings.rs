@@ -306,6 +306,15 @@ async fn run(scenario: Scenario) -> Result<RunResult> {
     // on, the newest revision in a status Helm cannot upgrade from.
     ns.create_release(NAME, json!({})).await?;
     hc.install(NAME).await?;
+    if !scenario.installed() {
+        // The objects went with the uninstall that stored `uninstalled`.
+        kube::Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(admin.clone(), &ns.name)
+            .delete(
+                &SimulatedHelmController::resources_name(NAME),
+                &Default::default(),
+            )
+            .await?;
+    }
     anyhow::ensure!(hc.handle(NAME).await? == Handled::AddedFinalizer);
     ns.create_storage_secret(NAME, 1, scenario.below_status)
         .await?;

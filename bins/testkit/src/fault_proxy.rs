@@ -228,6 +228,9 @@ pub struct Hold {
     /// `None`: a black hole (never forwarded, never answered); `Some(d)`:
     /// forwarded at once, answered `d` later.
     pub answer_after: Option<Duration>,
+    /// Answered at once with this status instead, never forwarded (an
+    /// apiserver that keeps failing one request).
+    pub fail_with: Option<u16>,
 }
 
 impl Hold {
@@ -240,6 +243,7 @@ impl Hold {
             body_lacks: Vec::new(),
             times: None,
             answer_after: None,
+            fail_with: None,
         }
     }
 
@@ -248,6 +252,15 @@ impl Hold {
     pub fn slow_answer(verb: Verb, path_suffix: &str, delay: Duration) -> Self {
         Self {
             answer_after: Some(delay),
+            ..Self::black_hole(verb, path_suffix)
+        }
+    }
+
+    /// Every `verb` request to a path ending with `path_suffix` is answered
+    /// with `code` (500 or 503), never forwarded.
+    pub fn failing(verb: Verb, path_suffix: &str, code: u16) -> Self {
+        Self {
+            fail_with: Some(code),
             ..Self::black_hole(verb, path_suffix)
         }
     }
@@ -274,9 +287,11 @@ impl Hold {
     }
 
     fn fault(&self) -> Fault {
-        match self.answer_after {
-            None => Fault::BlackHole,
-            Some(_) => Fault::SlowAnswer,
+        match (self.fail_with, self.answer_after) {
+            (Some(503), _) => Fault::Unavailable,
+            (Some(_), _) => Fault::InternalError,
+            (None, None) => Fault::BlackHole,
+            (None, Some(_)) => Fault::SlowAnswer,
         }
     }
 }
@@ -652,6 +667,14 @@ async fn held(
     parts: http::request::Parts,
     body: Bytes,
 ) -> Result<Response<Body>, InjectedReset> {
+    if let Some(code) = hold.fail_with {
+        return Ok(status(
+            code,
+            "InternalError",
+            "fault proxy: a held request answered with a failure (not forwarded)",
+            None,
+        ));
+    }
     let Some(delay) = hold.answer_after else {
         // The connection stays open and silent until the client gives up
         // (or the proxy is dropped).

@@ -37,6 +37,12 @@ pub async fn check(
     let release = ns.releases().get_opt(NAME).await?;
     let decisions = hc.decisions_for(NAME);
     let resources = hc.resources_exist(NAME).await?;
+    // Nothing installed at the start (a newest `uninstalled`): nothing may
+    // appear, and nothing is there to keep or to uninstall.
+    if !scenario.installed() && resources {
+        violations.push("objects appeared for a release with nothing installed".to_owned());
+    }
+    let kept = |resources: bool| resources || !scenario.installed();
     if scenario.delete.is_some() {
         if let Some(object) = &release {
             violations.push(format!(
@@ -45,12 +51,14 @@ pub async fn check(
             ));
         }
         if foreign_suspended {
-            if !resources {
+            if !kept(resources) {
                 violations.push(format!(
                     "suspended by another manager, then deleted: its resources must stay, but were uninstalled ({decisions:?})"
                 ));
             }
-        } else if acted.held_at_delete && (!decisions.contains(&Handled::Uninstalled) || resources)
+        } else if acted.held_at_delete
+            && scenario.installed()
+            && (!decisions.contains(&Handled::Uninstalled) || resources)
         {
             violations.push(format!(
                 "deleted under flux-plunger's fence or suspension, no foreign one, but not uninstalled: decisions {decisions:?}, resources left: {resources}"
@@ -80,7 +88,7 @@ pub async fn check(
                 describe(Some(object))
             ));
         }
-        if !resources {
+        if !kept(resources) {
             violations.push("a live release lost its resources".to_owned());
         }
     }

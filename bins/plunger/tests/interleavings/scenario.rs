@@ -61,6 +61,13 @@ pub struct Scenario {
 }
 
 impl Scenario {
+    /// Whether the release has anything installed: Helm writes a newest
+    /// `uninstalled` only after deleting the objects, and keeps the revisions
+    /// below only as history, so such a release has none.
+    pub fn installed(&self) -> bool {
+        self.stuck_status != "uninstalled"
+    }
+
     pub fn from_seed(seed: u64) -> Self {
         let mut rng = SeededRng::fork(seed, "scenario");
         let trigger = |rng: &mut SeededRng| match rng.below(10) {

@@ -197,23 +197,58 @@ async fn a_release_helm_controller_let_go_again_without_an_uninstall_is_released
     Ok(())
 }
 
+/// A newest `uninstalled` revision means nothing is installed (SPEC §5a): Helm wrote it after
+/// deleting the objects, and keeps the `superseded` revisions below only as history. Nothing is
+/// handed over (a superseded revision handed to helm-controller would run the chart's delete
+/// hooks again and delete by name every object of its old manifest), our suspension is lifted,
+/// and once helm-controller has let the release go the fence is dropped without a warning, the
+/// keep-history records untouched.
 #[tokio::test]
-async fn an_uninstalled_newest_revision_is_reclaimed_so_that_the_uninstall_targets_the_one_below()
+async fn a_newest_uninstalled_revision_is_nothing_installed_and_nothing_is_handed_over()
 -> Result<()> {
     let w = world("handover-uninstalled").await?;
     deleted_under_our_suspension(&w, "web", &[(1, "superseded"), (2, "uninstalled")]).await?;
+    let offset = audit::mark();
 
     assert_eq!(
         w.reconciler().reconcile(&w.ns.name, "web").await?,
-        Outcome::ReclaimedUninstalled { revision: 2 }
+        Outcome::Lifted { kept_fence: true }
     );
-    assert_eq!(w.revisions().await?, vec!["sh.helm.release.v1.web.v1"]);
+    assert_eq!(
+        w.hc.handle("web").await?,
+        Handled::NothingRecordedToUninstall,
+        "helm-controller finds no history to uninstall"
+    );
     assert_eq!(
         w.reconciler().reconcile(&w.ns.name, "web").await?,
-        Outcome::HandedOver { revision: 1 }
+        Outcome::FenceDropped
     );
-    assert_eq!(w.hc.handle("web").await?, Handled::Uninstalled);
-    assert_fence_dropped_after_the_uninstall(&w, "web").await?;
+    assert!(w.get("web").await?.is_none(), "gone");
+    assert_eq!(
+        w.revisions().await?,
+        vec!["sh.helm.release.v1.web.v1", "sh.helm.release.v1.web.v2"],
+        "the history Helm kept stays"
+    );
+    let controller = testkit::guard::shared()?.controller_user();
+    let writes = logged_until_now(&w, &w.ns.name, offset)
+        .await?
+        .into_iter()
+        .filter(|r| r.user == controller && r.is_write())
+        .map(|r| r.label())
+        .collect::<Vec<_>>();
+    assert!(
+        !writes
+            .iter()
+            .any(|l| l.contains("helmreleases/status") || l.contains("secrets")),
+        "no hand-over, no storage delete: {writes:?}"
+    );
+    let events = w.ns.events_for("web").await?;
+    assert!(
+        events
+            .iter()
+            .all(|e| e.reason != "ReleasedWithoutUninstall"),
+        "{events:?}"
+    );
     Ok(())
 }
 
@@ -354,47 +389,29 @@ async fn a_fence_an_older_flux_plunger_set_on_a_deleted_release_gets_its_label_a
     Ok(())
 }
 
-/// SPEC §5a: a storage step that fails on every try (here the reclaim of an `uninstalled` newest
-/// revision, refused by an admission policy) is retried for as long as a delete is held before
-/// the warning, then given up: our suspension is lifted, so that helm-controller's deletion path
-/// runs, and the fence is let go with a Warning naming why, instead of the release staying
-/// Terminating under our suspension for good.
+/// SPEC §5a: the storage read a release being deleted needs, failing on every try (here the
+/// payload of the revision to hand over, which the apiserver keeps answering 500), is retried for
+/// as long as a delete is held before the warning, then given up: our suspension is lifted, so
+/// that helm-controller's deletion path runs, and the fence is let go with a Warning naming why,
+/// instead of the release staying Terminating under our suspension for good.
 #[tokio::test]
-async fn a_reclaim_refused_on_every_try_is_given_up_and_our_suspension_lifted() -> Result<()> {
-    let w = world("handover-refused-reclaim").await?;
-    deleted_under_our_suspension(&w, "web", &[(1, "superseded"), (2, "uninstalled")]).await?;
-    let refusal = w
-        .ns
-        .refuse(
-            "no-storage-delete",
-            json!({"apiGroups": [""], "apiVersions": ["*"], "operations": ["DELETE"], "resources": ["secrets"]}),
-            "false",
-            "test: storage deletes are refused",
-        )
-        .await?;
-    let secrets = w.ns.secrets();
-    testkit::eventually(
-        Duration::from_secs(30),
-        "the admission policy refuses storage deletes",
-        || {
-            let secrets = secrets.clone();
-            async move {
-                let params = DeleteParams {
-                    dry_run: true,
-                    ..DeleteParams::default()
-                };
-                Ok(secrets
-                    .delete("sh.helm.release.v1.web.v2", &params)
-                    .await
-                    .is_err())
-            }
-        },
+async fn a_storage_read_failing_on_every_try_is_given_up_and_our_suspension_lifted() -> Result<()> {
+    let w = world("handover-failing-read").await?;
+    deleted_under_our_suspension(&w, "web", &[(1, "superseded"), (2, "uninstalling")]).await?;
+    let proxy = FaultProxy::forwarding_as(
+        &testkit::guard::shared()?.controller_kubeconfig(),
+        FaultPlan::none(0).holding(testkit::fault_proxy::Hold::failing(
+            testkit::fault_proxy::Verb::Get,
+            "/secrets/sh.helm.release.v1.web.v2",
+            500,
+        )),
     )
     .await?;
+    let client = proxy.client()?;
     let bound = Duration::from_secs(2);
     let reconciler = Reconciler::new(
-        w.flux_plunger.clone(),
-        Events::new(w.flux_plunger.clone(), "flux-plunger", None),
+        client.clone(),
+        Events::new(client, "flux-plunger", None),
         Timings {
             fence_held_warning_after: bound,
             ..Timings::default()
@@ -402,11 +419,11 @@ async fn a_reclaim_refused_on_every_try_is_given_up_and_our_suspension_lifted() 
     );
 
     let first = reconciler.reconcile(&w.ns.name, "web").await.unwrap_err();
-    assert_eq!(first.kind(), "delete_storage", "{first}");
+    assert_eq!(first.kind(), "read_storage", "{first}");
     let mut tries = 1;
     testkit::eventually(
         Duration::from_secs(30),
-        "the refused reclaim is given up",
+        "the failing read is given up",
         || {
             tries += 1;
             let reconciler = &reconciler;
@@ -418,7 +435,7 @@ async fn a_reclaim_refused_on_every_try_is_given_up_and_our_suspension_lifted() 
                         true
                     }
                     Err(err) => {
-                        assert_eq!(err.kind(), "delete_storage", "{err}");
+                        assert_eq!(err.kind(), "read_storage", "{err}");
                         false
                     }
                 })
@@ -429,10 +446,6 @@ async fn a_reclaim_refused_on_every_try_is_given_up_and_our_suspension_lifted() 
     assert!(tries > 1, "retried before it was given up");
     let view = w.view("web").await?;
     assert!(!view.suspend && view.has_fence(), "{view:?}");
-    assert_eq!(
-        w.revisions().await?,
-        vec!["sh.helm.release.v1.web.v1", "sh.helm.release.v1.web.v2"]
-    );
 
     // helm-controller meets the unsuspended release, with nothing handed
     // over, and lets its finalizer go; the fence is let go with a Warning.
@@ -449,6 +462,9 @@ async fn a_reclaim_refused_on_every_try_is_given_up_and_our_suspension_lifted() 
                 && e.note.contains("failed on every try")),
         "{events:?}"
     );
-    refusal.lift().await?;
+    assert!(
+        proxy.report().total_faults() >= 2,
+        "the read failed each try"
+    );
     Ok(())
 }
