@@ -279,7 +279,7 @@ seccompProfile:
 
 {{/*
 POD_NAME and POD_NAMESPACE from the downward API: the Lease holder identity
-and the Lease namespace of the controller and the drain.
+and the Lease namespace of the controller and the drain; then extraEnv.
 */}}
 {{- define "flux-plunger.podEnv" -}}
 - name: POD_NAME
@@ -290,6 +290,70 @@ and the Lease namespace of the controller and the drain.
   valueFrom:
     fieldRef:
       fieldPath: metadata.namespace
+{{- with include "flux-plunger.extraEnv" . }}
+{{ . }}
+{{- end }}
+{{- end }}
+
+{{/*
+extraEnv, a YAML list (nothing when empty), for after the chart's variables. The chart's own variables cannot be replaced:
+of two entries with one name the container gets the later, and a second
+POD_NAME would give every replica one Lease identity (two writers), a second
+POD_NAMESPACE another Lease than the one the admission guard allows.
+*/}}
+{{- define "flux-plunger.extraEnv" -}}
+{{- range .Values.extraEnv }}
+{{- if has .name (list "POD_NAME" "POD_NAMESPACE") }}
+{{- fail (printf "extraEnv: %s is set by the chart from the downward API (the Lease's holder identity and namespace) and cannot be replaced" .name) }}
+{{- end }}
+{{- end }}
+{{- with .Values.extraEnv }}
+{{- toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/*
+The controller's flags the chart passes, or that a value of the chart
+stands for, each with what to do instead. extraArgs may name none of them: the
+controller refuses a flag given twice at start (a crash loop), and a second
+--watch-namespace or --watch-label-selector, which it would accept, would
+widen the controller's scope beyond its RBAC, its drain's and its hook's.
+A YAML map, flag name to advice.
+*/}}
+{{- define "flux-plunger.chartFlags" -}}
+log-level: set logLevel
+log-encoding: set logEncoding
+concurrent: set controller.concurrent
+metrics-addr: "the metrics port is 8080, where the pod's port, the Service and the NetworkPolicy point"
+health-addr: "the health port is 9440, where the probes point"
+leader-elect: "leader election is always on"
+enable-leader-election: "leader election is always on"
+leader-election-lease-name: set leaderElection.leaseName
+leader-election-namespace: "the Lease is in the release namespace (POD_NAMESPACE)"
+pod-name: "each pod is its own Lease holder (POD_NAME)"
+shutdown-grace-period-seconds: set shutdownGracePeriodSeconds
+max-recoveries-per-minute: set controller.maxRecoveriesPerMinute
+dry-run: set controller.dryRun
+watch-namespace: set controller.watchNamespaces
+watch-label-selector: set controller.watchLabelSelector
+default-service-account: set controller.defaultServiceAccount
+events-addr: set eventsAddr
+{{- end }}
+
+{{/*
+extraArgs, a YAML list (nothing when empty), refused when one names a flag of flux-plunger.chartFlags.
+*/}}
+{{- define "flux-plunger.extraArgs" -}}
+{{- $owned := include "flux-plunger.chartFlags" . | fromYaml }}
+{{- range .Values.extraArgs }}
+{{- $flag := regexReplaceAll "^--([^=]*).*$" (toString .) "${1}" }}
+{{- if hasKey $owned $flag }}
+{{- fail (printf "extraArgs: --%s is the chart's to pass (the controller refuses a flag given twice): %s" $flag (get $owned $flag)) }}
+{{- end }}
+{{- end }}
+{{- with .Values.extraArgs }}
+{{- toYaml . }}
+{{- end }}
 {{- end }}
 
 {{/*
