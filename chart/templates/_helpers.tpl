@@ -200,16 +200,51 @@ becomes a series: `patch`); the core group's Events are never written.
 {{- end }}
 
 {{/*
-Labels of every object. Call with (dict "context" $ "component" "...").
+Labels of every object: the chart's, then commonLabels, which cannot replace
+one of the chart's (the name, instance and component are what the selectors
+match, managed-by is what Helm adopts objects by). Call with
+(dict "context" $ "component" "...").
 */}}
 {{- define "flux-plunger.labels" -}}
-helm.sh/chart: {{ include "flux-plunger.chart" .context }}
-app.kubernetes.io/name: {{ include "flux-plunger.name" .context }}
-app.kubernetes.io/instance: {{ .context.Release.Name }}
-app.kubernetes.io/component: {{ .component }}
-app.kubernetes.io/version: {{ .context.Chart.AppVersion | quote }}
-app.kubernetes.io/managed-by: {{ .context.Release.Service }}
-app.kubernetes.io/part-of: flux-plunger
+{{- $own := dict
+  "helm.sh/chart" (include "flux-plunger.chart" .context)
+  "app.kubernetes.io/name" (include "flux-plunger.name" .context)
+  "app.kubernetes.io/instance" .context.Release.Name
+  "app.kubernetes.io/component" .component
+  "app.kubernetes.io/version" .context.Chart.AppVersion
+  "app.kubernetes.io/managed-by" .context.Release.Service
+  "app.kubernetes.io/part-of" "flux-plunger" }}
+{{- merge $own (.context.Values.commonLabels | default dict) | toYaml }}
+{{- end }}
+
+{{/*
+Labels of a pod template: `.own` (a map: the selector labels, or the hook
+pod's), then podLabels for the controller's pods (`.podLabels`), then
+commonLabels. Only `.own` is ever selected on: a Deployment's selector is
+immutable, so commonLabels and podLabels stay out of it. Call with
+(dict "context" $ "own" (...) "podLabels" (...)).
+*/}}
+{{- define "flux-plunger.podLabels" -}}
+{{- merge (deepCopy .own) (.podLabels | default dict) (.context.Values.commonLabels | default dict) | toYaml }}
+{{- end }}
+
+{{/*
+topologySpreadConstraints, each without a labelSelector given the controller
+pods' selector labels: a constraint selecting no pods spreads nothing. A
+YAML list, or nothing.
+*/}}
+{{- define "flux-plunger.topologySpreadConstraints" -}}
+{{- $constraints := list }}
+{{- range .Values.topologySpreadConstraints }}
+{{- $constraint := deepCopy . }}
+{{- if not (hasKey $constraint "labelSelector") }}
+{{- $_ := set $constraint "labelSelector" (dict "matchLabels" (include "flux-plunger.selectorLabels" $ | fromYaml)) }}
+{{- end }}
+{{- $constraints = append $constraints $constraint }}
+{{- end }}
+{{- with $constraints }}
+{{- toYaml . }}
+{{- end }}
 {{- end }}
 
 {{/* The image of every container: repository@digest when a digest is given, else repository:tag. */}}
