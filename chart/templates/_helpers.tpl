@@ -291,16 +291,31 @@ Job and not helm-controller decides how the hook ends.
 600
 {{- end }}
 
-{{/* Restricted Pod Security Standard, pod level. */}}
+{{/*
+Restricted Pod Security Standard, pod level: runAsNonRoot and the runtime's
+seccomp profile always; the ids podSecurityContext gives (65532, the image's
+user, by default), each left out where it is set to null, for a platform
+that assigns its own (OpenShift's restricted SCC picks a UID of the
+namespace's range and refuses a pod naming another). Left out, the image's
+numeric USER 65532 applies, which runAsNonRoot can verify.
+*/}}
 {{- define "flux-plunger.podSecurityContext" -}}
+{{- $ids := .Values.podSecurityContext | default dict -}}
 runAsNonRoot: true
-runAsUser: 65532
-runAsGroup: 65532
+{{- range $key := list "runAsUser" "runAsGroup" "fsGroup" }}
+{{- if and (hasKey $ids $key) (not (kindIs "invalid" (index $ids $key))) }}
+{{ $key }}: {{ index $ids $key | int64 }}
+{{- end }}
+{{- end }}
 seccompProfile:
   type: RuntimeDefault
 {{- end }}
 
-{{/* Restricted Pod Security Standard, every container. */}}
+{{/*
+Restricted Pod Security Standard, every container; not a value, so that no
+install runs flux-plunger with less. The containers name no ids: the pod's
+apply.
+*/}}
 {{- define "flux-plunger.containerSecurityContext" -}}
 runAsNonRoot: true
 readOnlyRootFilesystem: true
