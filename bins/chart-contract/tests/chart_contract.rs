@@ -104,7 +104,10 @@ fn drain_args(manifests: &Manifests) -> Result<flux_plunger_drain::cli::Args> {
 fn hook_args(manifests: &Manifests) -> Result<flux_plunger_sweep::cli::HookArgs> {
     let argv = pod_argv(
         &flux_plunger_sweep::cli::Args::command(),
-        &without_process_env(container(pod_spec(hook_job(manifests)?), "flux-plunger-sweep")?),
+        &without_process_env(container(
+            pod_spec(hook_job(manifests)?),
+            "flux-plunger-sweep",
+        )?),
         downward_api,
     )?;
     let args = flux_plunger_sweep::cli::Args::try_parse_from(&argv)
@@ -279,8 +282,7 @@ fn every_value_set_renders_flags_the_binaries_accept() -> Result<()> {
 /// read by the binaries themselves (the set [`READ_BY_THE_PROCESS`] leaves
 /// out of the argv is really read).
 #[test]
-fn the_extra_environment_reaches_every_container_and_rust_log_is_read_by_the_binaries()
--> Result<()> {
+fn extra_env_reaches_every_container_and_rust_log_is_read_by_the_binaries() -> Result<()> {
     let manifests = Render::new(RELEASE, NAMESPACE)
         .values("everything.yaml")
         .manifests()?;
@@ -297,7 +299,11 @@ fn the_extra_environment_reaches_every_container_and_rust_log_is_read_by_the_bin
             .flatten()
             .filter_map(|var| var["name"].as_str())
             .collect();
-        assert!(names.contains(&"RUST_LOG"), "{}: {names:?}", container["name"]);
+        assert!(
+            names.contains(&"RUST_LOG"),
+            "{}: {names:?}",
+            container["name"]
+        );
     }
     let log_init = include_str!("../../plunger/src/cli.rs");
     for name in READ_BY_THE_PROCESS {
@@ -332,10 +338,7 @@ fn extra_args_may_name_no_flag_the_chart_passes() -> Result<()> {
                 }
                 Err(err) => {
                     let refusal = format!("extraArgs: --{flag} is the chart's to pass");
-                    ensure!(
-                        format!("{err:#}").contains(&refusal),
-                        "--{flag}: {err:#}"
-                    );
+                    ensure!(format!("{err:#}").contains(&refusal), "--{flag}: {err:#}");
                     refused.insert(flag.to_owned());
                 }
             }
@@ -346,7 +349,12 @@ fn extra_args_may_name_no_flag_the_chart_passes() -> Result<()> {
         LEFT_TO_EXTRA_ARGS.iter().map(|f| (*f).to_owned()).collect(),
         "refused: {refused:?}"
     );
-    for flag in ["concurrent", "watch-namespace", "pod-name", "enable-leader-election"] {
+    for flag in [
+        "concurrent",
+        "watch-namespace",
+        "pod-name",
+        "enable-leader-election",
+    ] {
         assert!(refused.contains(flag), "{flag}: {refused:?}");
     }
     Ok(())
