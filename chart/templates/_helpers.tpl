@@ -200,16 +200,51 @@ becomes a series: `patch`); the core group's Events are never written.
 {{- end }}
 
 {{/*
-Labels of every object. Call with (dict "context" $ "component" "...").
+Labels of every object: the chart's, then commonLabels, which cannot replace
+one of the chart's (the name, instance and component are what the selectors
+match, managed-by is what Helm adopts objects by). Call with
+(dict "context" $ "component" "...").
 */}}
 {{- define "flux-plunger.labels" -}}
-helm.sh/chart: {{ include "flux-plunger.chart" .context }}
-app.kubernetes.io/name: {{ include "flux-plunger.name" .context }}
-app.kubernetes.io/instance: {{ .context.Release.Name }}
-app.kubernetes.io/component: {{ .component }}
-app.kubernetes.io/version: {{ .context.Chart.AppVersion | quote }}
-app.kubernetes.io/managed-by: {{ .context.Release.Service }}
-app.kubernetes.io/part-of: flux-plunger
+{{- $own := dict
+  "helm.sh/chart" (include "flux-plunger.chart" .context)
+  "app.kubernetes.io/name" (include "flux-plunger.name" .context)
+  "app.kubernetes.io/instance" .context.Release.Name
+  "app.kubernetes.io/component" .component
+  "app.kubernetes.io/version" .context.Chart.AppVersion
+  "app.kubernetes.io/managed-by" .context.Release.Service
+  "app.kubernetes.io/part-of" "flux-plunger" }}
+{{- merge $own (.context.Values.commonLabels | default dict) | toYaml }}
+{{- end }}
+
+{{/*
+Labels of a pod template: `.own` (a map: the selector labels, or the hook
+pod's), then podLabels for the controller's pods (`.podLabels`), then
+commonLabels. Only `.own` is ever selected on: a Deployment's selector is
+immutable, so commonLabels and podLabels stay out of it. Call with
+(dict "context" $ "own" (...) "podLabels" (...)).
+*/}}
+{{- define "flux-plunger.podLabels" -}}
+{{- merge (deepCopy .own) (.podLabels | default dict) (.context.Values.commonLabels | default dict) | toYaml }}
+{{- end }}
+
+{{/*
+topologySpreadConstraints, each without a labelSelector given the controller
+pods' selector labels: a constraint selecting no pods spreads nothing. A
+YAML list, or nothing.
+*/}}
+{{- define "flux-plunger.topologySpreadConstraints" -}}
+{{- $constraints := list }}
+{{- range .Values.topologySpreadConstraints }}
+{{- $constraint := deepCopy . }}
+{{- if not (hasKey $constraint "labelSelector") }}
+{{- $_ := set $constraint "labelSelector" (dict "matchLabels" (include "flux-plunger.selectorLabels" $ | fromYaml)) }}
+{{- end }}
+{{- $constraints = append $constraints $constraint }}
+{{- end }}
+{{- with $constraints }}
+{{- toYaml . }}
+{{- end }}
 {{- end }}
 
 {{/* The image of every container: repository@digest when a digest is given, else repository:tag. */}}
@@ -256,16 +291,31 @@ Job and not helm-controller decides how the hook ends.
 600
 {{- end }}
 
-{{/* Restricted Pod Security Standard, pod level. */}}
+{{/*
+Restricted Pod Security Standard, pod level: runAsNonRoot and the runtime's
+seccomp profile always; the ids podSecurityContext gives (65532, the image's
+user, by default), each left out where it is set to null, for a platform
+that assigns its own (OpenShift's restricted SCC picks a UID of the
+namespace's range and refuses a pod naming another). Left out, the image's
+numeric USER 65532 applies, which runAsNonRoot can verify.
+*/}}
 {{- define "flux-plunger.podSecurityContext" -}}
+{{- $ids := .Values.podSecurityContext | default dict -}}
 runAsNonRoot: true
-runAsUser: 65532
-runAsGroup: 65532
+{{- range $key := list "runAsUser" "runAsGroup" "fsGroup" }}
+{{- if and (hasKey $ids $key) (not (kindIs "invalid" (index $ids $key))) }}
+{{ $key }}: {{ index $ids $key | int64 }}
+{{- end }}
+{{- end }}
 seccompProfile:
   type: RuntimeDefault
 {{- end }}
 
-{{/* Restricted Pod Security Standard, every container. */}}
+{{/*
+Restricted Pod Security Standard, every container; not a value, so that no
+install runs flux-plunger with less. The containers name no ids: the pod's
+apply.
+*/}}
 {{- define "flux-plunger.containerSecurityContext" -}}
 runAsNonRoot: true
 readOnlyRootFilesystem: true
@@ -279,7 +329,7 @@ seccompProfile:
 
 {{/*
 POD_NAME and POD_NAMESPACE from the downward API: the Lease holder identity
-and the Lease namespace of the controller and the drain.
+and the Lease namespace of the controller and the drain; then extraEnv.
 */}}
 {{- define "flux-plunger.podEnv" -}}
 - name: POD_NAME
@@ -290,6 +340,70 @@ and the Lease namespace of the controller and the drain.
   valueFrom:
     fieldRef:
       fieldPath: metadata.namespace
+{{- with include "flux-plunger.extraEnv" . }}
+{{ . }}
+{{- end }}
+{{- end }}
+
+{{/*
+extraEnv, a YAML list (nothing when empty), for after the chart's variables. The chart's own variables cannot be replaced:
+of two entries with one name the container gets the later, and a second
+POD_NAME would give every replica one Lease identity (two writers), a second
+POD_NAMESPACE another Lease than the one the admission guard allows.
+*/}}
+{{- define "flux-plunger.extraEnv" -}}
+{{- range .Values.extraEnv }}
+{{- if has .name (list "POD_NAME" "POD_NAMESPACE") }}
+{{- fail (printf "extraEnv: %s is set by the chart from the downward API (the Lease's holder identity and namespace) and cannot be replaced" .name) }}
+{{- end }}
+{{- end }}
+{{- with .Values.extraEnv }}
+{{- toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/*
+The controller's flags the chart passes, or that a value of the chart
+stands for, each with what to do instead. extraArgs may name none of them: the
+controller refuses a flag given twice at start (a crash loop), and a second
+--watch-namespace or --watch-label-selector, which it would accept, would
+widen the controller's scope beyond its RBAC, its drain's and its hook's.
+A YAML map, flag name to advice.
+*/}}
+{{- define "flux-plunger.chartFlags" -}}
+log-level: set logLevel
+log-encoding: set logEncoding
+concurrent: set controller.concurrent
+metrics-addr: "the metrics port is 8080, where the pod's port, the Service and the NetworkPolicy point"
+health-addr: "the health port is 9440, where the probes point"
+leader-elect: "leader election is always on"
+enable-leader-election: "leader election is always on"
+leader-election-lease-name: set leaderElection.leaseName
+leader-election-namespace: "the Lease is in the release namespace (POD_NAMESPACE)"
+pod-name: "each pod is its own Lease holder (POD_NAME)"
+shutdown-grace-period-seconds: set shutdownGracePeriodSeconds
+max-recoveries-per-minute: set controller.maxRecoveriesPerMinute
+dry-run: set controller.dryRun
+watch-namespace: set controller.watchNamespaces
+watch-label-selector: set controller.watchLabelSelector
+default-service-account: set controller.defaultServiceAccount
+events-addr: set eventsAddr
+{{- end }}
+
+{{/*
+extraArgs, a YAML list (nothing when empty), refused when one names a flag of flux-plunger.chartFlags.
+*/}}
+{{- define "flux-plunger.extraArgs" -}}
+{{- $owned := include "flux-plunger.chartFlags" . | fromYaml }}
+{{- range .Values.extraArgs }}
+{{- $flag := regexReplaceAll "^--([^=]*).*$" (toString .) "${1}" }}
+{{- if hasKey $owned $flag }}
+{{- fail (printf "extraArgs: --%s is the chart's to pass (the controller refuses a flag given twice): %s" $flag (get $owned $flag)) }}
+{{- end }}
+{{- end }}
+{{- with .Values.extraArgs }}
+{{- toYaml . }}
+{{- end }}
 {{- end }}
 
 {{/*

@@ -59,10 +59,29 @@ fn pod_spec(workload: &Value) -> &Value {
     &workload["spec"]["template"]["spec"]
 }
 
+/// The variables a binary reads itself rather than through a flag: `RUST_LOG`,
+/// which `plunger::cli::LogArgs::init` takes as the whole log filter (the
+/// chart's `extraEnv` sets it). [`pod_argv`] refuses a variable no flag
+/// reads, so these are left out of what it is given.
+const READ_BY_THE_PROCESS: [&str; 1] = ["RUST_LOG"];
+
+/// `container` without its [`READ_BY_THE_PROCESS`] variables.
+fn without_process_env(container: &Value) -> Value {
+    let mut container = container.clone();
+    if let Some(env) = container["env"].as_array_mut() {
+        env.retain(|var| {
+            !READ_BY_THE_PROCESS
+                .iter()
+                .any(|name| var["name"].as_str() == Some(*name))
+        });
+    }
+    container
+}
+
 fn controller_args(manifests: &Manifests) -> Result<flux_plunger::cli::Args> {
     let argv = pod_argv(
         &flux_plunger::cli::Args::command(),
-        container(pod_spec(deployment(manifests)?), "flux-plunger")?,
+        &without_process_env(container(pod_spec(deployment(manifests)?), "flux-plunger")?),
         downward_api,
     )?;
     flux_plunger::cli::Args::try_parse_from(&argv)
@@ -72,7 +91,10 @@ fn controller_args(manifests: &Manifests) -> Result<flux_plunger::cli::Args> {
 fn drain_args(manifests: &Manifests) -> Result<flux_plunger_drain::cli::Args> {
     let argv = pod_argv(
         &flux_plunger_drain::cli::Args::command(),
-        container(pod_spec(deployment(manifests)?), "flux-plunger-drain")?,
+        &without_process_env(container(
+            pod_spec(deployment(manifests)?),
+            "flux-plunger-drain",
+        )?),
         downward_api,
     )?;
     flux_plunger_drain::cli::Args::try_parse_from(&argv)
@@ -82,7 +104,10 @@ fn drain_args(manifests: &Manifests) -> Result<flux_plunger_drain::cli::Args> {
 fn hook_args(manifests: &Manifests) -> Result<flux_plunger_sweep::cli::HookArgs> {
     let argv = pod_argv(
         &flux_plunger_sweep::cli::Args::command(),
-        container(pod_spec(hook_job(manifests)?), "flux-plunger-sweep")?,
+        &without_process_env(container(
+            pod_spec(hook_job(manifests)?),
+            "flux-plunger-sweep",
+        )?),
         downward_api,
     )?;
     let args = flux_plunger_sweep::cli::Args::try_parse_from(&argv)
@@ -250,6 +275,88 @@ fn every_value_set_renders_flags_the_binaries_accept() -> Result<()> {
     assert_eq!(drain.events.events_addr.as_deref(), Some(notification));
     assert_eq!(drain.concurrent, 32);
     assert_eq!(hook.deployment, "plunger");
+    Ok(())
+}
+
+/// `extraEnv` reaches every container, and what it is for: `RUST_LOG` is
+/// read by the binaries themselves (the set [`READ_BY_THE_PROCESS`] leaves
+/// out of the argv is really read).
+#[test]
+fn extra_env_reaches_every_container_and_rust_log_is_read_by_the_binaries() -> Result<()> {
+    let manifests = Render::new(RELEASE, NAMESPACE)
+        .values("everything.yaml")
+        .manifests()?;
+    let pod = pod_spec(deployment(&manifests)?);
+    let job = hook_job(&manifests)?;
+    for container in [
+        container(pod, "flux-plunger")?,
+        container(pod, "flux-plunger-drain")?,
+        container(pod_spec(job), "flux-plunger-sweep")?,
+    ] {
+        let names: Vec<&str> = container["env"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|var| var["name"].as_str())
+            .collect();
+        assert!(
+            names.contains(&"RUST_LOG"),
+            "{}: {names:?}",
+            container["name"]
+        );
+    }
+    let log_init = include_str!("../../plunger/src/cli.rs");
+    for name in READ_BY_THE_PROCESS {
+        assert!(
+            log_init.contains(&format!("std::env::var(\"{name}\")")),
+            "plunger::cli no longer reads {name}"
+        );
+    }
+    Ok(())
+}
+
+/// Every flag of the controller is either the chart's (it passes it, or a
+/// value stands for it), which `extraArgs` may not repeat, or one left to
+/// `extraArgs`. A flag added to the controller fails this test until the
+/// chart passes it or it is listed here.
+#[test]
+fn extra_args_may_name_no_flag_the_chart_passes() -> Result<()> {
+    const LEFT_TO_EXTRA_ARGS: [&str; 1] = ["kubeconfig"];
+    let command = flux_plunger::cli::Args::command();
+    let mut accepted = BTreeSet::new();
+    let mut refused = BTreeSet::new();
+    for arg in command.get_arguments() {
+        let Some(long) = arg.get_long().filter(|l| !["help", "version"].contains(l)) else {
+            continue;
+        };
+        let aliases = arg.get_all_aliases().unwrap_or_default();
+        for flag in std::iter::once(long).chain(aliases) {
+            let render = Render::new(RELEASE, NAMESPACE).set(&format!("extraArgs[0]=--{flag}=x"));
+            match render.yaml() {
+                Ok(_) => {
+                    accepted.insert(flag.to_owned());
+                }
+                Err(err) => {
+                    let refusal = format!("extraArgs: --{flag} is the chart's to pass");
+                    ensure!(format!("{err:#}").contains(&refusal), "--{flag}: {err:#}");
+                    refused.insert(flag.to_owned());
+                }
+            }
+        }
+    }
+    assert_eq!(
+        accepted,
+        LEFT_TO_EXTRA_ARGS.iter().map(|f| (*f).to_owned()).collect(),
+        "refused: {refused:?}"
+    );
+    for flag in [
+        "concurrent",
+        "watch-namespace",
+        "pod-name",
+        "enable-leader-election",
+    ] {
+        assert!(refused.contains(flag), "{flag}: {refused:?}");
+    }
     Ok(())
 }
 
