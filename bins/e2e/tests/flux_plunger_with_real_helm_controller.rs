@@ -1,7 +1,8 @@
 //! flux-plunger's controller binary and Flux's real helm-controller on one
 //! control plane: the product end to end. Each test runs its own flux-plunger
 //! watching only its namespace (`--watch-namespace`), so the stuck releases of
-//! the other e2e tests stay stuck.
+//! the other e2e tests stay stuck; the last test runs none, and plays a stolen
+//! token of flux-plunger's against the chart's admission guard instead.
 
 use std::collections::BTreeMap;
 
@@ -10,10 +11,18 @@ use e2e::{
     FluxPlunger, Observed, Placement, apply_as_flux_plunger, delete, install, make_stuck,
     make_stuck_as, set_suspend, wait_gone, wait_until,
 };
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
+use plunger::apply::request_reconcile;
 use plunger::names::{
-    FENCE_FINALIZER, HELM_CONTROLLER_FINALIZER, PROCESSED_VERSION_ANNOTATION, reasons,
+    FENCE_FINALIZER, FIELD_MANAGER, HELM_CONTROLLER_FINALIZER, PROCESSED_VERSION_ANNOTATION,
+    reasons,
 };
+use plunger::release::api::helmreleases;
+use plunger::release::view::ReleaseView;
 use serde_json::json;
+use testkit::fixtures::vap_resource;
+use testkit::guard::{Guarded, is_refused_by};
 use testkit::helm_storage::revision_statuses;
 use testkit::real_helm_controller::{demo_configmap, helm_controller, helmchart_exists, wait_for};
 use testkit::{TestNamespace, control_plane};
@@ -650,4 +659,226 @@ async fn a_stuck_release_deleted_while_its_recovery_waits_is_uninstalled_unless_
     );
     assert!(helmchart_exists(&ns, suspended).await?);
     Ok(())
+}
+
+/// The release a forged history names: installed and Ready in a namespace of
+/// its own, beside its storage.
+const VICTIM: &str = "victim";
+
+/// What the guard's status rule is for (issue 24): a status history is an
+/// uninstall order to helm-controller. On a live release with a
+/// `status.storageNamespace` and a latest entry, `action.ReleaseTargetChanged`
+/// (v1.4.0, v1.6.1 and v1.6.4 alike) compares the spec's storage namespace
+/// with the status's, the spec's target namespace and (shortened) release
+/// name with the entry's; when one differs, `reconcileRelease` runs
+/// `reconcileUninstall` before anything else of the release: a Helm uninstall
+/// of the release the entry names, from the storage namespace the status
+/// names, with the stuck release's client (here helm-controller's own
+/// identity). Then it clears the history and requeues.
+///
+/// The attacker holds only the chart's controller token. With it, it reads
+/// the entry helm-controller keeps for the victim (the token reads every
+/// HelmRelease), writes it as flux-plunger's hand-over writes a history, with
+/// the victim's storage namespace, on a release helm-controller left stuck
+/// (live, its history empty), and asks for a reconcile. The request is
+/// written with the same token because the guard admits it (it is
+/// flux-plunger's own §5d request, allowed on any release): the history is
+/// the only write between the token and the uninstall.
+///
+/// With the chart's guard on, the history is refused and a finished pass of
+/// helm-controller over the stuck release leaves the victim installed. With
+/// the guard's binding deleted (what `admissionGuard.enabled=false` leaves),
+/// the same writes make helm-controller uninstall the victim: its ConfigMap
+/// (the demo chart names its namespace) and its storage go.
+#[tokio::test]
+async fn a_history_forged_with_flux_plunger_s_token_on_a_stuck_release_is_refused_by_the_guard_and_without_it_uninstalls_the_release_it_names()
+-> Result<()> {
+    let ns = namespace("e2e-guard-stuck").await?;
+    let victim_ns = namespace("e2e-guard-victim").await?;
+    let victim = Placement::beside(&victim_ns, VICTIM);
+    // The chart's guard of an install of its own: the guard-off half deletes
+    // its binding, which leaves the install every other test shares alone.
+    let (guard, _, _) = futures::try_join!(
+        ns.guarded(),
+        make_stuck(&ns, RELEASE),
+        install(&victim_ns, VICTIM, "precious"),
+    )?;
+    let controller = guard.controller_client().await?;
+    // The entry helm-controller itself keeps for the victim, read with the
+    // same token (it may read every HelmRelease): every field the uninstall
+    // and the target comparison read is the victim's own.
+    let entry = helmreleases(controller.clone(), &victim_ns.name)
+        .get(VICTIM)
+        .await?
+        .data["status"]["history"][0]
+        .clone();
+    assert_eq!(
+        (&entry["name"], &entry["namespace"], &entry["version"]),
+        (&json!(VICTIM), &json!(victim_ns.name), &json!(1)),
+        "helm-controller's entry of the victim: {entry}"
+    );
+
+    // The guard on: the history is refused, by the status rule.
+    match forge_history(&controller, &ns, &entry, &victim_ns.name).await {
+        Err(kube::Error::Api(status))
+            if is_refused_by(&status, &guard.policy)
+                && status.message.contains("status.history") => {}
+        other => panic!("the forged history was not refused by the guard's status rule: {other:?}"),
+    }
+    let handled = request_reconcile_and_wait(&controller, &ns, "stolen-token-guard-on").await?;
+    let handled = Observed::of(&handled);
+    assert!(e2e::is_stuck(&handled), "{handled:?}");
+    assert_eq!(
+        (handled.history_len, handled.storage_namespace),
+        (0, Some(ns.name.clone()))
+    );
+    assert_eq!(victim.configmap_data().await?, greeting("precious"));
+    assert_eq!(
+        victim.storage_statuses().await?,
+        revisions(&[(1, "deployed")])
+    );
+    assert!(
+        e2e::observe(&victim_ns, VICTIM)
+            .await?
+            .is_some_and(|o| o.is_ready()),
+        "the victim stays installed and Ready"
+    );
+    let target_changed = "release target configuration changed";
+    let log_of_stuck = || {
+        helm_controller()
+            .log_lines_with(&format!("\"namespace\": \"{}\"", ns.name))
+            .join("\n")
+    };
+    assert!(
+        !log_of_stuck().contains(target_changed),
+        "{}",
+        log_of_stuck()
+    );
+
+    // The guard off: the same writes, admitted, are an uninstall of the victim.
+    turn_off(&guard, &ns).await?;
+    let written = forge_history(&controller, &ns, &entry, &victim_ns.name).await?;
+    let status = &written.data["status"];
+    assert_eq!(
+        (
+            &status["history"][0]["name"],
+            &status["history"][0]["namespace"],
+            &status["storageNamespace"]
+        ),
+        (
+            &json!(VICTIM),
+            &json!(victim_ns.name),
+            &json!(victim_ns.name)
+        )
+    );
+    request_reconcile_and_wait(&controller, &ns, "stolen-token-guard-off").await?;
+    let log = log_of_stuck();
+    assert_eq!(victim.configmap_data().await?, None, "uninstalled:\n{log}");
+    assert_eq!(victim.storage_statuses().await?, revisions(&[]), "{log}");
+    // The uninstall was helm-controller's changed target, not anything else.
+    assert!(
+        log.contains(&format!("{target_changed} (storage namespace)")),
+        "{log}"
+    );
+    Ok(())
+}
+
+/// `entry` and `storage_namespace` written on the stuck release as `controller`,
+/// as flux-plunger's hand-over writes a history (`plunger::apply::write_history`:
+/// through the status subresource, as manager `flux-plunger`, a merge patch
+/// locked on the resourceVersion read). helm-controller writes a stuck
+/// release's status on every retry: read again on a 409.
+async fn forge_history(
+    controller: &kube::Client,
+    ns: &TestNamespace,
+    entry: &serde_json::Value,
+    storage_namespace: &str,
+) -> kube::Result<DynamicObject> {
+    let releases = helmreleases(controller.clone(), &ns.name);
+    let params = PatchParams {
+        field_manager: Some(FIELD_MANAGER.to_owned()),
+        ..PatchParams::default()
+    };
+    loop {
+        let read = releases.get(RELEASE).await?;
+        let patch = json!({
+            "metadata": {"resourceVersion": read.metadata.resource_version},
+            "status": {"history": [entry], "storageNamespace": storage_namespace},
+        });
+        match releases
+            .patch_status(RELEASE, &params, &Patch::Merge(patch))
+            .await
+        {
+            Err(kube::Error::Api(status)) if status.code == 409 => continue,
+            written => return written,
+        }
+    }
+}
+
+/// flux-plunger's reconcile request (`plunger::apply::request_reconcile`,
+/// read again on a 409) with `requested_at`, as `controller`; then waits
+/// until helm-controller has finished a pass that saw it (it records
+/// `status.lastHandledReconcileAt` as the pass ends, failed or not).
+async fn request_reconcile_and_wait(
+    controller: &kube::Client,
+    ns: &TestNamespace,
+    requested_at: &str,
+) -> Result<DynamicObject> {
+    let releases = helmreleases(controller.clone(), &ns.name);
+    loop {
+        let view = ReleaseView::from_object(&releases.get(RELEASE).await?);
+        match request_reconcile(controller, &view, requested_at).await {
+            Err(kube::Error::Api(status)) if status.code == 409 => continue,
+            requested => requested?,
+        };
+        break;
+    }
+    wait_for(
+        &format!("helm-controller to handle reconcile request {requested_at}"),
+        || async {
+            let release = ns.releases().get(RELEASE).await?;
+            let handled = release.data["status"]["lastHandledReconcileAt"] == requested_at;
+            Ok(handled.then_some(release))
+        },
+    )
+    .await
+}
+
+/// Turns the guard of `guard`'s install off, as `admissionGuard.enabled=false`
+/// leaves a cluster: deletes its binding (a policy is enforced only through a
+/// binding) and waits until the apiserver admits what the guard refuses, the
+/// controller's (dry-run) delete of an ordinary Secret.
+async fn turn_off(guard: &Guarded, ns: &TestNamespace) -> Result<()> {
+    const PROBE: &str = "guard-off-probe";
+    let bindings: Api<DynamicObject> = Api::all_with(
+        ns.client.clone(),
+        &vap_resource(
+            "ValidatingAdmissionPolicyBinding",
+            "validatingadmissionpolicybindings",
+        ),
+    );
+    bindings
+        .delete(&guard.policy, &DeleteParams::default())
+        .await?;
+    let probe = Secret {
+        metadata: kube::api::ObjectMeta {
+            name: Some(PROBE.to_owned()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    ns.secrets().create(&PostParams::default(), &probe).await?;
+    let as_controller: Api<Secret> = Api::namespaced(guard.controller_client().await?, &ns.name);
+    let dry_run = DeleteParams {
+        dry_run: true,
+        ..DeleteParams::default()
+    };
+    wait_for("the guard no longer enforced", || async {
+        match as_controller.delete(PROBE, &dry_run).await {
+            Ok(_) => Ok(Some(())),
+            Err(kube::Error::Api(status)) if is_refused_by(&status, &guard.policy) => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    })
+    .await
 }
