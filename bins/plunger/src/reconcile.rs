@@ -832,7 +832,7 @@ impl Reconciler {
             return Ok(Outcome::DryRun { would }.into());
         }
         if let Some(limiter) = &self.controls.rate_limit
-            && let Err(retry_after) = limiter.try_take()
+            && let Err(retry_after) = limiter.try_take(&release.uid)
         {
             tracing::info!(release = %release.key(), ?retry_after, "recovery rate limit reached; waiting");
             self.hold_while_waiting(&release).await?;

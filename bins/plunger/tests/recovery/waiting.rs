@@ -101,3 +101,54 @@ async fn the_fence_of_a_waiting_release_goes_once_nothing_is_to_be_recovered() -
     );
     Ok(())
 }
+
+/// Releases that wait under the rate limit are queued (SPEC §4): each is told a turn of its own,
+/// one interval after the one before, so that they wake one at a time (each wake costs a read and
+/// a storage listing) instead of all at once; woken early, a release keeps its turn. (That the
+/// recovery is the waiting release's at its turn, whoever else asks, `ratelimit`'s unit tests
+/// show on a clock of their own.)
+#[tokio::test]
+async fn waiting_releases_are_given_turns_of_their_own() -> Result<()> {
+    let w = world("waiting-turns").await?;
+    let names = ["first", "a", "b", "c"];
+    for name in names {
+        w.stuck_release(name, &[(1, "superseded"), (2, "uninstalling")])
+            .await?;
+    }
+    let reconciler = w.reconciler().with_controls(plunger::reconcile::Controls {
+        rate_limit: plunger::ratelimit::RateLimiter::per_minute(1),
+        ..plunger::reconcile::Controls::default()
+    });
+    assert_eq!(
+        reconciler.reconcile(&w.ns.name, "first").await?,
+        Outcome::Recovered { revision: 2 }
+    );
+    let mut turns = Vec::new();
+    for name in &names[1..] {
+        match reconciler.reconcile(&w.ns.name, name).await? {
+            Outcome::RateLimited { retry_after } => turns.push(retry_after),
+            other => anyhow::bail!("{name}: {other:?}"),
+        }
+    }
+    let interval = Duration::from_secs(60);
+    let slack = Duration::from_secs(5);
+    assert!(
+        turns[0] <= interval && turns[0] + slack >= interval,
+        "{turns:?}"
+    );
+    for pair in turns.windows(2) {
+        let apart = pair[1].saturating_sub(pair[0]);
+        assert!(
+            apart + slack >= interval && apart <= interval,
+            "turns {turns:?} are an interval apart"
+        );
+    }
+    match reconciler.reconcile(&w.ns.name, "c").await? {
+        Outcome::RateLimited { retry_after } => assert!(
+            retry_after <= turns[2] && retry_after + slack >= turns[2],
+            "c keeps its turn: {retry_after:?} of {turns:?}"
+        ),
+        other => anyhow::bail!("c: {other:?}"),
+    }
+    Ok(())
+}
