@@ -41,7 +41,11 @@ pub struct Metrics {
 
 impl Default for Metrics {
     fn default() -> Self {
-        let mut registry = Registry::with_prefix("flux_plunger");
+        // flux-plunger's own metrics under its prefix; the process metrics
+        // under the names every Prometheus client gives them.
+        let mut registry = Registry::default();
+        registry.register_collector(Box::new(crate::process::ProcessCollector));
+        let ours = registry.sub_registry_with_prefix("flux_plunger");
         let recoveries = Family::<ResultLabel, Counter>::default();
         let uninstall_handovers = Family::<ResultLabel, Counter>::default();
         let errors = Family::<KindLabel, Counter>::default();
@@ -51,37 +55,37 @@ impl Default for Metrics {
         let fences_held = Gauge::default();
         let suspensions_held = Gauge::default();
         let leader = Gauge::default();
-        registry.register(
+        ours.register(
             "recoveries",
             "Recovery attempts of stuck HelmReleases, by result",
             recoveries.clone(),
         );
-        registry.register(
+        ours.register(
             "uninstall_handovers",
             "Steps that bring a HelmRelease deleted with an empty history to helm-controller's uninstall, by result",
             uninstall_handovers.clone(),
         );
-        registry.register(
+        ours.register(
             "reconcile_errors",
             "Reconciles that failed, by the step that failed",
             errors.clone(),
         );
-        registry.register(
+        ours.register(
             "reconcile_duration_seconds",
             "Time spent in one reconcile",
             reconcile_duration.clone(),
         );
-        registry.register(
+        ours.register(
             "fences_held",
             "HelmReleases carrying flux-plunger's uninstall fence",
             fences_held.clone(),
         );
-        registry.register(
+        ours.register(
             "suspensions_held",
             "HelmReleases suspended by flux-plunger",
             suspensions_held.clone(),
         );
-        registry.register(
+        ours.register(
             "leader",
             "1 while this process holds the leader Lease",
             leader.clone(),
@@ -146,5 +150,31 @@ impl Metrics {
         prometheus_client::encoding::text::encode(&mut text, &self.registry)
             .expect("writing to a String cannot fail");
         text
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_page_holds_ours_under_our_prefix_and_the_process_metrics_under_theirs() {
+        let page = Metrics::default().encode();
+        for name in [
+            "flux_plunger_leader 0",
+            "# TYPE flux_plunger_fences_held gauge",
+            "# TYPE process_cpu_seconds counter",
+            "# TYPE process_resident_memory_bytes gauge",
+            "# TYPE process_open_fds gauge",
+            "# TYPE process_start_time_seconds gauge",
+        ] {
+            assert!(page.lines().any(|l| l == name), "{name} in:\n{page}");
+        }
+        assert!(
+            page.lines()
+                .any(|l| l.starts_with("process_cpu_seconds_total ")),
+            "{page}"
+        );
+        assert!(page.ends_with("# EOF\n"), "one page, one end");
     }
 }

@@ -142,6 +142,18 @@ async fn the_controller_recovers_a_stuck_release_and_counts_it() -> Result<()> {
     )
     .await?;
     assert!(metrics.contains("flux_plunger_fences_held 0"), "{metrics}");
+    // The process metrics every Prometheus-instrumented controller has.
+    for name in [
+        "process_cpu_seconds_total ",
+        "process_resident_memory_bytes ",
+        "process_open_fds ",
+        "process_start_time_seconds ",
+    ] {
+        assert!(
+            metrics.lines().any(|l| l.starts_with(name)),
+            "{name}in {metrics}"
+        );
+    }
     assert!(
         metrics.contains("flux_plunger_reconcile_duration_seconds_count"),
         "{metrics}"
