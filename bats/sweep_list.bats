@@ -105,3 +105,19 @@ EOF
   expect_status 0
   expect_output <<<"[]"
 }
+
+@test "list in the install's scope shows only the releases there (a scoped install's ServiceAccount may list nowhere else)" {
+  release in-scope
+  fence in-scope
+  k label helmrelease in-scope -n "$NS" team=a >/dev/null
+  release out-of-scope
+  fence out-of-scope
+
+  run --separate-stderr sweep list --watch-namespace "$NS" --watch-label-selector team=a
+
+  expect_status 0
+  expect_output <<EOF
+$(row RELEASE FENCES SUSPENDED-BY TERMINATING UNINSTALLED)
+$(row "$NS/in-scope" 1 - no -)
+EOF
+}

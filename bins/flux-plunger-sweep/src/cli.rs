@@ -96,6 +96,11 @@ pub struct ListArgs {
     /// Output format.
     #[arg(short = 'o', long, value_enum, default_value_t = Output::Table)]
     pub output: Output,
+    /// List only this scope (the install's `--watch-namespace` and
+    /// `--watch-label-selector`): a scoped install's ServiceAccount may list
+    /// HelmReleases there only.
+    #[command(flatten)]
+    pub scope: ScopeArgs,
 }
 
 /// `release`'s flags.

@@ -77,7 +77,7 @@ fn suspension_text(s: Suspension) -> &'static str {
 async fn list(args: ListArgs) -> anyhow::Result<ExitCode> {
     args.log.init();
     let client = args.kube.client().await?;
-    let rows = match list_rows(&client).await {
+    let rows = match list_rows(&client, &args.scope.scope()).await {
         Ok(rows) => rows,
         Err(err) => {
             eprintln!("could not list HelmReleases: {}", describe(&err));

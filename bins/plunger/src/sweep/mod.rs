@@ -194,9 +194,9 @@ async fn try_release(
     })
 }
 
-/// Every HelmRelease `list` shows.
-pub async fn list_rows(client: &Client) -> kube::Result<Vec<Row>> {
-    let mut rows = list_all(client, &Scope::default(), |release| row_of(&release)).await?;
+/// Every HelmRelease of `scope` that `list` shows.
+pub async fn list_rows(client: &Client, scope: &Scope) -> kube::Result<Vec<Row>> {
+    let mut rows = list_all(client, scope, |release| row_of(&release)).await?;
     rows.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
     Ok(rows)
 }
