@@ -298,143 +298,194 @@ async fn delete_during_a_paused_recovery(
     first: FirstToHandle,
     unfenced: bool,
 ) -> Result<RaceOutcome> {
-    let ns = namespace(prefix).await?;
-    let placement = if stuck.elsewhere {
-        Placement {
-            helm_name: "custom".to_owned(),
-            target: namespace(&format!("{prefix}-target")).await?,
-            storage: namespace(&format!("{prefix}-storage")).await?,
-        }
-    } else {
-        Placement::beside(&ns, RELEASE)
-    };
-    let gate = tempfile::tempdir()?;
-    let pause = gate.path().join("pause");
-    let (reached, resume) = (
-        pause.with_extension("reached"),
-        pause.with_extension("release"),
-    );
-    // flux-plunger runs before the release gets stuck, as in a cluster: it
-    // acts on the first stuck status. (Over a newest `uninstalled` revision
-    // helm-controller shows that status only until its next retry, which
-    // tries an install instead and leaves another message.)
-    let mut env = vec![
-        (
-            "FLUX_PLUNGER_TEST_PAUSE_AT",
-            std::path::Path::new("acquired"),
-        ),
-        ("FLUX_PLUNGER_TEST_PAUSE_FILE", pause.as_path()),
-    ];
-    if unfenced {
-        env.push(("FLUX_PLUNGER_TEST_UNFENCED", std::path::Path::new("1")));
-    }
-    let flux_plunger = FluxPlunger::start_with_env(&ns, &env).await?;
-    let log = || flux_plunger.log_text();
-    make_stuck_as(&ns, RELEASE, &placement, stuck.status)
+    let race = PausedRecovery::start(prefix, stuck.elsewhere, unfenced).await?;
+    make_stuck_as(&race.ns, RELEASE, &race.placement, stuck.status)
         .await
-        .with_context(log)?;
-    // helm-controller's finalizer removal refused while the refusal is in
-    // force: how flux-plunger gets to handle the delete first, for certain.
-    let refusal = match first {
-        FirstToHandle::FluxPlunger => Some(
-            ns.refuse(
-                "keep-helm-controller-finalizer",
-                json!({"apiGroups": ["helm.toolkit.fluxcd.io"], "apiVersions": ["*"], "operations": ["UPDATE"], "resources": ["helmreleases"]}),
-                &format!(
-                    "!has(oldObject.metadata.finalizers) || !('{f}' in oldObject.metadata.finalizers) \
-                     || (has(object.metadata.finalizers) && '{f}' in object.metadata.finalizers)",
-                    f = HELM_CONTROLLER_FINALIZER
-                ),
-                "test: helm-controller's finalizer stays until flux-plunger has resumed",
-            )
-            .await?,
-        ),
-        FirstToHandle::HelmController | FirstToHandle::HelmControllerAfterAnotherManagerLifted => {
-            None
-        }
-    };
-    if refusal.is_some() {
-        wait_for("the refusal in force", || async {
-            let params = kube::api::PatchParams {
-                dry_run: true,
-                ..Default::default()
-            };
-            let drop_finalizers = kube::api::Patch::Merge(json!({"metadata": {"finalizers": []}}));
-            let refused = ns
-                .releases()
-                .patch(RELEASE, &params, &drop_finalizers)
-                .await
-                .is_err();
-            Ok(refused.then_some(()))
-        })
-        .await?;
-    }
-    wait_for(
-        "flux-plunger paused after taking its suspension",
-        || async { Ok(reached.exists().then_some(())) },
-    )
-    .await
-    .with_context(log)?;
-    let held = wait_until(
-        &ns,
-        RELEASE,
-        "the suspension observed",
-        Observed::is_observed,
-    )
-    .await?;
-    assert!(held.suspend);
-    assert_eq!(
-        held.finalizers.contains(&FENCE_FINALIZER.to_owned()),
-        !unfenced
-    );
-    if first == FirstToHandle::HelmControllerAfterAnotherManagerLifted {
-        set_suspend(&ns, RELEASE, false).await?;
-        // helm-controller's pass over the live, unsuspended release is over
-        // (it meets the stuck storage again), so what the delete meets is
-        // known.
-        e2e::wait_stuck_at_this_generation(&ns, RELEASE).await?;
-    }
-    delete(&ns, RELEASE).await?;
+        .with_context(|| race.flux_plunger.log_text())?;
+    race.delete_and_settle(first).await
+}
 
-    let held_after_suspended_delete = match first {
-        FirstToHandle::HelmController | FirstToHandle::HelmControllerAfterAnotherManagerLifted => {
-            wait_for("helm-controller's suspended delete", || async {
-                Ok(match e2e::observe(&ns, RELEASE).await? {
-                    None => Some(Some(false)),
-                    Some(o) => (!o.has_helm_controller_finalizer()).then_some(Some(true)),
-                })
-            })
-            .await?
+/// A test build of flux-plunger that pauses right after it took its
+/// suspension (and, unless unfenced, its fence) over the release `RELEASE`
+/// of `ns`, once something has left that release stuck.
+struct PausedRecovery {
+    ns: TestNamespace,
+    placement: Placement,
+    unfenced: bool,
+    /// The directory of the pause files: gone with the race.
+    _gate: tempfile::TempDir,
+    /// flux-plunger writes it once paused.
+    reached: std::path::PathBuf,
+    /// flux-plunger goes on once it exists.
+    resume: std::path::PathBuf,
+    flux_plunger: FluxPlunger,
+}
+
+impl PausedRecovery {
+    /// A namespace of its own (and, when `elsewhere`, a target and a storage
+    /// namespace), and flux-plunger watching it.
+    async fn start(prefix: &str, elsewhere: bool, unfenced: bool) -> Result<Self> {
+        let ns = namespace(prefix).await?;
+        let placement = if elsewhere {
+            Placement {
+                helm_name: "custom".to_owned(),
+                target: namespace(&format!("{prefix}-target")).await?,
+                storage: namespace(&format!("{prefix}-storage")).await?,
+            }
+        } else {
+            Placement::beside(&ns, RELEASE)
+        };
+        let gate = tempfile::tempdir()?;
+        let pause = gate.path().join("pause");
+        let (reached, resume) = (
+            pause.with_extension("reached"),
+            pause.with_extension("release"),
+        );
+        // flux-plunger runs before the release gets stuck, as in a cluster: it
+        // acts on the first stuck status. (Over a newest `uninstalled` revision
+        // helm-controller shows that status only until its next retry, which
+        // tries an install instead and leaves another message.)
+        let mut env = vec![
+            (
+                "FLUX_PLUNGER_TEST_PAUSE_AT",
+                std::path::Path::new("acquired"),
+            ),
+            ("FLUX_PLUNGER_TEST_PAUSE_FILE", pause.as_path()),
+        ];
+        if unfenced {
+            env.push(("FLUX_PLUNGER_TEST_UNFENCED", std::path::Path::new("1")));
         }
-        FirstToHandle::FluxPlunger => {
-            wait_for("helm-controller refused its finalizer removal", || async {
-                let refused = helm_controller()
-                    .log_lines_with("helm-controller's finalizer stays")
-                    .iter()
-                    .any(|l| l.contains(&ns.name));
+        let flux_plunger = FluxPlunger::start_with_env(&ns, &env).await?;
+        Ok(Self {
+            ns,
+            placement,
+            unfenced,
+            _gate: gate,
+            reached,
+            resume,
+            flux_plunger,
+        })
+    }
+
+    /// Once the release is stuck: waits for flux-plunger's pause, deletes
+    /// the release, lets `first` handle the delete first, lets flux-plunger
+    /// go on, and waits until the release is gone.
+    async fn delete_and_settle(&self, first: FirstToHandle) -> Result<RaceOutcome> {
+        let Self {
+            ns,
+            placement,
+            unfenced,
+            reached,
+            resume,
+            flux_plunger,
+            ..
+        } = self;
+        let log = || flux_plunger.log_text();
+        // helm-controller's finalizer removal refused while the refusal is in
+        // force: how flux-plunger gets to handle the delete first, for certain.
+        let refusal = match first {
+            FirstToHandle::FluxPlunger => Some(
+                ns.refuse(
+                    "keep-helm-controller-finalizer",
+                    json!({"apiGroups": ["helm.toolkit.fluxcd.io"], "apiVersions": ["*"], "operations": ["UPDATE"], "resources": ["helmreleases"]}),
+                    &format!(
+                        "!has(oldObject.metadata.finalizers) || !('{f}' in oldObject.metadata.finalizers) \
+                         || (has(object.metadata.finalizers) && '{f}' in object.metadata.finalizers)",
+                        f = HELM_CONTROLLER_FINALIZER
+                    ),
+                    "test: helm-controller's finalizer stays until flux-plunger has resumed",
+                )
+                .await?,
+            ),
+            FirstToHandle::HelmController | FirstToHandle::HelmControllerAfterAnotherManagerLifted => {
+                None
+            }
+        };
+        if refusal.is_some() {
+            wait_for("the refusal in force", || async {
+                let params = kube::api::PatchParams {
+                    dry_run: true,
+                    ..Default::default()
+                };
+                let drop_finalizers =
+                    kube::api::Patch::Merge(json!({"metadata": {"finalizers": []}}));
+                let refused = ns
+                    .releases()
+                    .patch(RELEASE, &params, &drop_finalizers)
+                    .await
+                    .is_err();
                 Ok(refused.then_some(()))
             })
             .await?;
-            None
         }
-    };
-    std::fs::write(&resume, b"")?;
-    if let Some(refusal) = refusal {
-        wait_until(&ns, RELEASE, "flux-plunger lifted its suspension", |o| {
-            !o.suspend
-        })
+        wait_for(
+            "flux-plunger paused after taking its suspension",
+            || async { Ok(reached.exists().then_some(())) },
+        )
         .await
         .with_context(log)?;
-        refusal.lift().await?;
+        let held = wait_until(
+            ns,
+            RELEASE,
+            "the suspension observed",
+            Observed::is_observed,
+        )
+        .await?;
+        assert!(held.suspend);
+        assert_eq!(
+            held.finalizers.contains(&FENCE_FINALIZER.to_owned()),
+            !*unfenced
+        );
+        if first == FirstToHandle::HelmControllerAfterAnotherManagerLifted {
+            set_suspend(ns, RELEASE, false).await?;
+            // helm-controller's pass over the live, unsuspended release is over
+            // (it meets the stuck storage again), so what the delete meets is
+            // known.
+            e2e::wait_stuck_at_this_generation(ns, RELEASE).await?;
+        }
+        delete(ns, RELEASE).await?;
+
+        let held_after_suspended_delete = match first {
+            FirstToHandle::HelmController
+            | FirstToHandle::HelmControllerAfterAnotherManagerLifted => {
+                wait_for("helm-controller's suspended delete", || async {
+                    Ok(match e2e::observe(ns, RELEASE).await? {
+                        None => Some(Some(false)),
+                        Some(o) => (!o.has_helm_controller_finalizer()).then_some(Some(true)),
+                    })
+                })
+                .await?
+            }
+            FirstToHandle::FluxPlunger => {
+                wait_for("helm-controller refused its finalizer removal", || async {
+                    let refused = helm_controller()
+                        .log_lines_with("helm-controller's finalizer stays")
+                        .iter()
+                        .any(|l| l.contains(&ns.name));
+                    Ok(refused.then_some(()))
+                })
+                .await?;
+                None
+            }
+        };
+        std::fs::write(resume, b"")?;
+        if let Some(refusal) = refusal {
+            wait_until(ns, RELEASE, "flux-plunger lifted its suspension", |o| {
+                !o.suspend
+            })
+            .await
+            .with_context(log)?;
+            refusal.lift().await?;
+        }
+        wait_gone(ns, RELEASE).await.with_context(log)?;
+        Ok(RaceOutcome {
+            held_after_suspended_delete,
+            helmchart_deleted: !helmchart_exists(ns, RELEASE).await?,
+            storage: placement.storage_statuses().await?,
+            configmap_left: placement.configmap_data().await?.is_some(),
+            events: flux_plunger_events(ns).await?,
+        })
     }
-    wait_gone(&ns, RELEASE).await.with_context(log)?;
-    Ok(RaceOutcome {
-        held_after_suspended_delete,
-        helmchart_deleted: !helmchart_exists(&ns, RELEASE).await?,
-        storage: placement.storage_statuses().await?,
-        configmap_left: placement.configmap_data().await?.is_some(),
-        events: flux_plunger_events(&ns).await?,
-    })
 }
 
 /// SPEC §5 against the real helm-controller, in both orders: the fence holds
