@@ -24,7 +24,9 @@ use serde_json::json;
 use testkit::fixtures::vap_resource;
 use testkit::guard::{Guarded, is_refused_by};
 use testkit::helm_storage::revision_statuses;
-use testkit::real_helm_controller::{demo_configmap, helm_controller, helmchart_exists, wait_for};
+use testkit::real_helm_controller::{
+    demo_configmap, demo_release, helm_controller, helmchart_exists, serve_demo_chart, wait_for,
+};
 use testkit::{TestNamespace, control_plane};
 
 const RELEASE: &str = "demo";
@@ -590,6 +592,169 @@ async fn a_delete_during_a_paused_recovery_is_uninstalled_from_every_stuck_state
         assert_uninstalled(&format!("{stuck:?} {first:?}"), &outcome);
     }
     Ok(())
+}
+
+/// The HelmRelease that takes the first release's name once it is
+/// uninstalled: in a namespace of its own, storing its Helm release there,
+/// it installs Helm release `RELEASE` into the first release's namespace, so
+/// the demo chart's ConfigMap it creates has the name the first release's
+/// had.
+const SECOND: &str = "second";
+
+/// Issue 25 item 4 on the real helm-controller. The release's owners uninstall
+/// with `keepHistory` (`spec.uninstall.keepHistory: true`); an operator runs
+/// the same uninstall with the Helm CLI (`helm uninstall --keep-history`)
+/// after an install and an upgrade: Helm deletes the demo chart's ConfigMap,
+/// writes revision 2 `uninstalled` and keeps revision 1 `superseded` (Helm's
+/// `Uninstall.Run`). A second release then creates a ConfigMap of the same
+/// name. The next values change gets the first release stuck: its
+/// `status.history` still holds revision 2 as deployed, whose digest no
+/// longer matches storage, so helm-controller calls it "Unmanaged", clears
+/// the history and upgrades, which Helm refuses with "has no deployed
+/// releases". flux-plunger takes its suspension and fence, and the delete
+/// lands while it holds them, in both orders. (helm-controller's own
+/// keep-history uninstall, an uninstall remediation, records the uninstalled
+/// revision in `status.history`; its next pass installs, which Helm refuses
+/// without `spec.install.replace`, "cannot reuse a name that is still in
+/// use": never the stuck message flux-plunger acts on.)
+///
+/// Nothing is installed (SPEC §5a): nothing is handed over, helm-controller's
+/// deletion path runs over the empty history and uninstalls nothing, and the
+/// fence goes. A superseded revision handed over would be a second Helm
+/// uninstall: the demo chart has no hooks, so that shows as the objects of
+/// revision 1's manifest deleted by name, the second release's ConfigMap
+/// among them, and revision 1 purged or marked `uninstalled`. Here the
+/// second release's ConfigMap is the one it created, and the storage is as
+/// Helm kept it.
+#[tokio::test]
+async fn a_release_deleted_after_a_keep_history_uninstall_is_not_uninstalled_again_and_a_same_named_object_of_another_release_stays()
+-> Result<()> {
+    let races = [
+        ("e2e-kept-hc", FirstToHandle::HelmController),
+        ("e2e-kept-fp", FirstToHandle::FluxPlunger),
+    ]
+    .map(|(prefix, first)| async move {
+        let race = PausedRecovery::start(prefix, false, false).await?;
+        let second_ns = namespace(&format!("{prefix}-second")).await?;
+        let taken = stuck_after_a_keep_history_uninstall(&race.ns, &second_ns)
+            .await
+            .with_context(|| race.flux_plunger.log_text())?;
+        let outcome = race.delete_and_settle(first).await?;
+        let left = demo_configmap(&race.ns, RELEASE).await?;
+        let second_storage = revision_statuses(&second_ns.secrets(), RELEASE).await?;
+        // The second release is still installed and Ready. Waited for, not
+        // read once: helm-controller may be in a pass over it (seen once on
+        // v1.4.0); its ConfigMap and storage are checked as they are.
+        wait_until(
+            &second_ns,
+            SECOND,
+            "the second release still Ready",
+            Observed::is_ready,
+        )
+        .await?;
+        anyhow::Ok((first, taken, left, second_storage, outcome))
+    });
+    for (first, taken, left, second_storage, outcome) in
+        futures::future::try_join_all(races).await?
+    {
+        let case = format!("{first:?}: {outcome:?}");
+        match first {
+            FirstToHandle::FluxPlunger => {
+                assert_eq!(outcome.held_after_suspended_delete, None, "{case}");
+            }
+            _ => assert_eq!(
+                outcome.held_after_suspended_delete,
+                Some(true),
+                "the fence held the release past helm-controller's suspended delete: {case}"
+            ),
+        }
+        // helm-controller's deletion path ran on the unsuspended release (it
+        // deletes the HelmChart there): the pass a hand-over would have
+        // made an uninstall.
+        assert!(outcome.helmchart_deleted, "{case}");
+        assert_eq!(
+            outcome.storage,
+            revisions(&[(1, "superseded"), (2, "uninstalled")]),
+            "the history as Helm kept it: {case}"
+        );
+        let left =
+            left.with_context(|| format!("the second release's ConfigMap is gone: {case}"))?;
+        assert_eq!(
+            (&left.metadata.uid, &left.data),
+            (&taken.metadata.uid, &greeting("second")),
+            "{case}"
+        );
+        assert_eq!(second_storage, revisions(&[(1, "deployed")]), "{case}");
+        assert!(
+            !outcome.events.contains(&(
+                "Normal".to_owned(),
+                reasons::UNINSTALL_HANDED_OVER.to_owned()
+            )),
+            "{case}"
+        );
+        assert!(outcome.events.iter().all(|(t, _)| t == "Normal"), "{case}");
+    }
+    Ok(())
+}
+
+/// The state the keep-history test above deletes, by its real causes, in `ns`
+/// and `second_ns`: returns the ConfigMap the second release created.
+async fn stuck_after_a_keep_history_uninstall(
+    ns: &TestNamespace,
+    second_ns: &TestNamespace,
+) -> Result<k8s_openapi::api::core::v1::ConfigMap> {
+    let mut first = demo_release(&ns.name, RELEASE, json!({ "greeting": "hello" }));
+    first["spec"]["uninstall"]["keepHistory"] = json!(true);
+    ns.releases()
+        .create(&PostParams::default(), &serde_json::from_value(first)?)
+        .await?;
+    serve_demo_chart(ns, RELEASE).await?;
+    wait_until(ns, RELEASE, "installed and Ready=True", Observed::is_ready).await?;
+    e2e::set_greeting(ns, RELEASE, "v2").await?;
+    wait_until(ns, RELEASE, "upgraded and Ready=True", Observed::is_ready).await?;
+    assert_eq!(
+        storage(ns).await?,
+        revisions(&[(1, "superseded"), (2, "deployed")])
+    );
+
+    e2e::helm_cli(ns, &["uninstall", RELEASE, "--keep-history"])?;
+    assert_eq!(
+        storage(ns).await?,
+        revisions(&[(1, "superseded"), (2, "uninstalled")])
+    );
+    assert_eq!(configmap_data(ns).await?, None);
+
+    let mut second = demo_release(&second_ns.name, SECOND, json!({ "greeting": "second" }));
+    testkit::merge(
+        &mut second["spec"],
+        json!({ "releaseName": RELEASE, "targetNamespace": ns.name }),
+    );
+    second_ns
+        .releases()
+        .create(&PostParams::default(), &serde_json::from_value(second)?)
+        .await?;
+    serve_demo_chart(second_ns, SECOND).await?;
+    wait_until(
+        second_ns,
+        SECOND,
+        "installed and Ready=True",
+        Observed::is_ready,
+    )
+    .await?;
+    let taken = demo_configmap(ns, RELEASE)
+        .await?
+        .context("the second release's ConfigMap")?;
+    assert_eq!(taken.data, greeting("second"));
+
+    e2e::set_greeting(ns, RELEASE, "v3").await?;
+    wait_until(
+        ns,
+        RELEASE,
+        "stuck with has no deployed releases",
+        e2e::is_stuck,
+    )
+    .await?;
+    Ok(taken)
 }
 
 /// The bug the fence exists for, seen by the suite: the same race with the
