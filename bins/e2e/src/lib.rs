@@ -247,6 +247,32 @@ pub async fn wait_stuck_at_this_generation(ns: &TestNamespace, name: &str) -> Re
     .await
 }
 
+/// `helm ARGS --namespace NS` as the cluster's admin: the Helm CLI an
+/// operator runs against the storage helm-controller writes (the pinned
+/// `_out/bin/helm`).
+pub fn helm_cli(ns: &TestNamespace, args: &[&str]) -> Result<String> {
+    let dir = tempfile::tempdir()?;
+    let kubeconfig = dir.path().join("kubeconfig");
+    testkit::control_plane().write_kubeconfig(
+        &kubeconfig,
+        &testkit::control_plane::AuthInfo::AdminCertificate,
+    )?;
+    let output = std::process::Command::new(testkit::control_plane::tool("helm")?)
+        .args(args)
+        .arg("--namespace")
+        .arg(&ns.name)
+        .arg("--kubeconfig")
+        .arg(&kubeconfig)
+        .output()?;
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    anyhow::ensure!(
+        output.status.success(),
+        "helm {args:?} failed: {stdout}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    Ok(stdout)
+}
+
 /// Where a release of the demo chart is installed and stored: by default
 /// beside its HelmRelease under the HelmRelease's name; with
 /// `spec.releaseName`, `spec.targetNamespace` and `spec.storageNamespace`,

@@ -24,7 +24,9 @@ use serde_json::json;
 use testkit::fixtures::vap_resource;
 use testkit::guard::{Guarded, is_refused_by};
 use testkit::helm_storage::revision_statuses;
-use testkit::real_helm_controller::{demo_configmap, helm_controller, helmchart_exists, wait_for};
+use testkit::real_helm_controller::{
+    demo_configmap, demo_release, helm_controller, helmchart_exists, serve_demo_chart, wait_for,
+};
 use testkit::{TestNamespace, control_plane};
 
 const RELEASE: &str = "demo";
@@ -298,143 +300,194 @@ async fn delete_during_a_paused_recovery(
     first: FirstToHandle,
     unfenced: bool,
 ) -> Result<RaceOutcome> {
-    let ns = namespace(prefix).await?;
-    let placement = if stuck.elsewhere {
-        Placement {
-            helm_name: "custom".to_owned(),
-            target: namespace(&format!("{prefix}-target")).await?,
-            storage: namespace(&format!("{prefix}-storage")).await?,
-        }
-    } else {
-        Placement::beside(&ns, RELEASE)
-    };
-    let gate = tempfile::tempdir()?;
-    let pause = gate.path().join("pause");
-    let (reached, resume) = (
-        pause.with_extension("reached"),
-        pause.with_extension("release"),
-    );
-    // flux-plunger runs before the release gets stuck, as in a cluster: it
-    // acts on the first stuck status. (Over a newest `uninstalled` revision
-    // helm-controller shows that status only until its next retry, which
-    // tries an install instead and leaves another message.)
-    let mut env = vec![
-        (
-            "FLUX_PLUNGER_TEST_PAUSE_AT",
-            std::path::Path::new("acquired"),
-        ),
-        ("FLUX_PLUNGER_TEST_PAUSE_FILE", pause.as_path()),
-    ];
-    if unfenced {
-        env.push(("FLUX_PLUNGER_TEST_UNFENCED", std::path::Path::new("1")));
-    }
-    let flux_plunger = FluxPlunger::start_with_env(&ns, &env).await?;
-    let log = || flux_plunger.log_text();
-    make_stuck_as(&ns, RELEASE, &placement, stuck.status)
+    let race = PausedRecovery::start(prefix, stuck.elsewhere, unfenced).await?;
+    make_stuck_as(&race.ns, RELEASE, &race.placement, stuck.status)
         .await
-        .with_context(log)?;
-    // helm-controller's finalizer removal refused while the refusal is in
-    // force: how flux-plunger gets to handle the delete first, for certain.
-    let refusal = match first {
-        FirstToHandle::FluxPlunger => Some(
-            ns.refuse(
-                "keep-helm-controller-finalizer",
-                json!({"apiGroups": ["helm.toolkit.fluxcd.io"], "apiVersions": ["*"], "operations": ["UPDATE"], "resources": ["helmreleases"]}),
-                &format!(
-                    "!has(oldObject.metadata.finalizers) || !('{f}' in oldObject.metadata.finalizers) \
-                     || (has(object.metadata.finalizers) && '{f}' in object.metadata.finalizers)",
-                    f = HELM_CONTROLLER_FINALIZER
-                ),
-                "test: helm-controller's finalizer stays until flux-plunger has resumed",
-            )
-            .await?,
-        ),
-        FirstToHandle::HelmController | FirstToHandle::HelmControllerAfterAnotherManagerLifted => {
-            None
-        }
-    };
-    if refusal.is_some() {
-        wait_for("the refusal in force", || async {
-            let params = kube::api::PatchParams {
-                dry_run: true,
-                ..Default::default()
-            };
-            let drop_finalizers = kube::api::Patch::Merge(json!({"metadata": {"finalizers": []}}));
-            let refused = ns
-                .releases()
-                .patch(RELEASE, &params, &drop_finalizers)
-                .await
-                .is_err();
-            Ok(refused.then_some(()))
-        })
-        .await?;
-    }
-    wait_for(
-        "flux-plunger paused after taking its suspension",
-        || async { Ok(reached.exists().then_some(())) },
-    )
-    .await
-    .with_context(log)?;
-    let held = wait_until(
-        &ns,
-        RELEASE,
-        "the suspension observed",
-        Observed::is_observed,
-    )
-    .await?;
-    assert!(held.suspend);
-    assert_eq!(
-        held.finalizers.contains(&FENCE_FINALIZER.to_owned()),
-        !unfenced
-    );
-    if first == FirstToHandle::HelmControllerAfterAnotherManagerLifted {
-        set_suspend(&ns, RELEASE, false).await?;
-        // helm-controller's pass over the live, unsuspended release is over
-        // (it meets the stuck storage again), so what the delete meets is
-        // known.
-        e2e::wait_stuck_at_this_generation(&ns, RELEASE).await?;
-    }
-    delete(&ns, RELEASE).await?;
+        .with_context(|| race.flux_plunger.log_text())?;
+    race.delete_and_settle(first).await
+}
 
-    let held_after_suspended_delete = match first {
-        FirstToHandle::HelmController | FirstToHandle::HelmControllerAfterAnotherManagerLifted => {
-            wait_for("helm-controller's suspended delete", || async {
-                Ok(match e2e::observe(&ns, RELEASE).await? {
-                    None => Some(Some(false)),
-                    Some(o) => (!o.has_helm_controller_finalizer()).then_some(Some(true)),
-                })
-            })
-            .await?
+/// A test build of flux-plunger that pauses right after it took its
+/// suspension (and, unless unfenced, its fence) over the release `RELEASE`
+/// of `ns`, once something has left that release stuck.
+struct PausedRecovery {
+    ns: TestNamespace,
+    placement: Placement,
+    unfenced: bool,
+    /// The directory of the pause files: gone with the race.
+    _gate: tempfile::TempDir,
+    /// flux-plunger writes it once paused.
+    reached: std::path::PathBuf,
+    /// flux-plunger goes on once it exists.
+    resume: std::path::PathBuf,
+    flux_plunger: FluxPlunger,
+}
+
+impl PausedRecovery {
+    /// A namespace of its own (and, when `elsewhere`, a target and a storage
+    /// namespace), and flux-plunger watching it.
+    async fn start(prefix: &str, elsewhere: bool, unfenced: bool) -> Result<Self> {
+        let ns = namespace(prefix).await?;
+        let placement = if elsewhere {
+            Placement {
+                helm_name: "custom".to_owned(),
+                target: namespace(&format!("{prefix}-target")).await?,
+                storage: namespace(&format!("{prefix}-storage")).await?,
+            }
+        } else {
+            Placement::beside(&ns, RELEASE)
+        };
+        let gate = tempfile::tempdir()?;
+        let pause = gate.path().join("pause");
+        let (reached, resume) = (
+            pause.with_extension("reached"),
+            pause.with_extension("release"),
+        );
+        // flux-plunger runs before the release gets stuck, as in a cluster: it
+        // acts on the first stuck status. (Over a newest `uninstalled` revision
+        // helm-controller shows that status only until its next retry, which
+        // tries an install instead and leaves another message.)
+        let mut env = vec![
+            (
+                "FLUX_PLUNGER_TEST_PAUSE_AT",
+                std::path::Path::new("acquired"),
+            ),
+            ("FLUX_PLUNGER_TEST_PAUSE_FILE", pause.as_path()),
+        ];
+        if unfenced {
+            env.push(("FLUX_PLUNGER_TEST_UNFENCED", std::path::Path::new("1")));
         }
-        FirstToHandle::FluxPlunger => {
-            wait_for("helm-controller refused its finalizer removal", || async {
-                let refused = helm_controller()
-                    .log_lines_with("helm-controller's finalizer stays")
-                    .iter()
-                    .any(|l| l.contains(&ns.name));
+        let flux_plunger = FluxPlunger::start_with_env(&ns, &env).await?;
+        Ok(Self {
+            ns,
+            placement,
+            unfenced,
+            _gate: gate,
+            reached,
+            resume,
+            flux_plunger,
+        })
+    }
+
+    /// Once the release is stuck: waits for flux-plunger's pause, deletes
+    /// the release, lets `first` handle the delete first, lets flux-plunger
+    /// go on, and waits until the release is gone.
+    async fn delete_and_settle(&self, first: FirstToHandle) -> Result<RaceOutcome> {
+        let Self {
+            ns,
+            placement,
+            unfenced,
+            reached,
+            resume,
+            flux_plunger,
+            ..
+        } = self;
+        let log = || flux_plunger.log_text();
+        // helm-controller's finalizer removal refused while the refusal is in
+        // force: how flux-plunger gets to handle the delete first, for certain.
+        let refusal = match first {
+            FirstToHandle::FluxPlunger => Some(
+                ns.refuse(
+                    "keep-helm-controller-finalizer",
+                    json!({"apiGroups": ["helm.toolkit.fluxcd.io"], "apiVersions": ["*"], "operations": ["UPDATE"], "resources": ["helmreleases"]}),
+                    &format!(
+                        "!has(oldObject.metadata.finalizers) || !('{f}' in oldObject.metadata.finalizers) \
+                         || (has(object.metadata.finalizers) && '{f}' in object.metadata.finalizers)",
+                        f = HELM_CONTROLLER_FINALIZER
+                    ),
+                    "test: helm-controller's finalizer stays until flux-plunger has resumed",
+                )
+                .await?,
+            ),
+            FirstToHandle::HelmController | FirstToHandle::HelmControllerAfterAnotherManagerLifted => {
+                None
+            }
+        };
+        if refusal.is_some() {
+            wait_for("the refusal in force", || async {
+                let params = kube::api::PatchParams {
+                    dry_run: true,
+                    ..Default::default()
+                };
+                let drop_finalizers =
+                    kube::api::Patch::Merge(json!({"metadata": {"finalizers": []}}));
+                let refused = ns
+                    .releases()
+                    .patch(RELEASE, &params, &drop_finalizers)
+                    .await
+                    .is_err();
                 Ok(refused.then_some(()))
             })
             .await?;
-            None
         }
-    };
-    std::fs::write(&resume, b"")?;
-    if let Some(refusal) = refusal {
-        wait_until(&ns, RELEASE, "flux-plunger lifted its suspension", |o| {
-            !o.suspend
-        })
+        wait_for(
+            "flux-plunger paused after taking its suspension",
+            || async { Ok(reached.exists().then_some(())) },
+        )
         .await
         .with_context(log)?;
-        refusal.lift().await?;
+        let held = wait_until(
+            ns,
+            RELEASE,
+            "the suspension observed",
+            Observed::is_observed,
+        )
+        .await?;
+        assert!(held.suspend);
+        assert_eq!(
+            held.finalizers.contains(&FENCE_FINALIZER.to_owned()),
+            !*unfenced
+        );
+        if first == FirstToHandle::HelmControllerAfterAnotherManagerLifted {
+            set_suspend(ns, RELEASE, false).await?;
+            // helm-controller's pass over the live, unsuspended release is over
+            // (it meets the stuck storage again), so what the delete meets is
+            // known.
+            e2e::wait_stuck_at_this_generation(ns, RELEASE).await?;
+        }
+        delete(ns, RELEASE).await?;
+
+        let held_after_suspended_delete = match first {
+            FirstToHandle::HelmController
+            | FirstToHandle::HelmControllerAfterAnotherManagerLifted => {
+                wait_for("helm-controller's suspended delete", || async {
+                    Ok(match e2e::observe(ns, RELEASE).await? {
+                        None => Some(Some(false)),
+                        Some(o) => (!o.has_helm_controller_finalizer()).then_some(Some(true)),
+                    })
+                })
+                .await?
+            }
+            FirstToHandle::FluxPlunger => {
+                wait_for("helm-controller refused its finalizer removal", || async {
+                    let refused = helm_controller()
+                        .log_lines_with("helm-controller's finalizer stays")
+                        .iter()
+                        .any(|l| l.contains(&ns.name));
+                    Ok(refused.then_some(()))
+                })
+                .await?;
+                None
+            }
+        };
+        std::fs::write(resume, b"")?;
+        if let Some(refusal) = refusal {
+            wait_until(ns, RELEASE, "flux-plunger lifted its suspension", |o| {
+                !o.suspend
+            })
+            .await
+            .with_context(log)?;
+            refusal.lift().await?;
+        }
+        wait_gone(ns, RELEASE).await.with_context(log)?;
+        Ok(RaceOutcome {
+            held_after_suspended_delete,
+            helmchart_deleted: !helmchart_exists(ns, RELEASE).await?,
+            storage: placement.storage_statuses().await?,
+            configmap_left: placement.configmap_data().await?.is_some(),
+            events: flux_plunger_events(ns).await?,
+        })
     }
-    wait_gone(&ns, RELEASE).await.with_context(log)?;
-    Ok(RaceOutcome {
-        held_after_suspended_delete,
-        helmchart_deleted: !helmchart_exists(&ns, RELEASE).await?,
-        storage: placement.storage_statuses().await?,
-        configmap_left: placement.configmap_data().await?.is_some(),
-        events: flux_plunger_events(&ns).await?,
-    })
 }
 
 /// SPEC §5 against the real helm-controller, in both orders: the fence holds
@@ -494,13 +547,14 @@ fn assert_uninstalled(case: &str, outcome: &RaceOutcome) {
 
 /// The same in every state the real helm-controller leaves stuck, and for a
 /// release installed in a target namespace under a release name of its own,
-/// with its storage in a third namespace. A newest `uninstalled` revision is
-/// one Helm's uninstall would only purge: flux-plunger deletes it first, so
-/// that the uninstall targets the revision below, whose objects are there.
+/// with its storage in a third namespace. Not a newest `uninstalled` revision
+/// rewritten here: Helm writes that status once it has deleted the objects,
+/// so nothing is installed and nothing is handed over (SPEC §5a); the
+/// keep-history test below makes that state as Helm does.
 #[tokio::test]
 async fn a_delete_during_a_paused_recovery_is_uninstalled_from_every_stuck_state_and_storage_place()
 -> Result<()> {
-    let mut states = vec![
+    let states = [
         (
             "unknown",
             Stuck {
@@ -516,19 +570,6 @@ async fn a_delete_during_a_paused_recovery_is_uninstalled_from_every_stuck_state
             },
         ),
     ];
-    // helm-controller v1.4 answers a newest `uninstalled` revision with a
-    // failed install ("cannot re-use a name that is still in use") as often
-    // as with the stuck message (one race of two, seen here): flux-plunger
-    // then has nothing to recover.
-    if uninstalled_is_stuck() {
-        states.push((
-            "uninstalled",
-            Stuck {
-                status: "uninstalled",
-                elsewhere: false,
-            },
-        ));
-    }
     let cases = states.into_iter().flat_map(|(name, stuck)| {
         [
             (
@@ -553,10 +594,167 @@ async fn a_delete_during_a_paused_recovery_is_uninstalled_from_every_stuck_state
     Ok(())
 }
 
-/// Whether the helm-controller under test leaves a newest `uninstalled`
-/// revision stuck (v1.6) or installs over it (v1.4).
-fn uninstalled_is_stuck() -> bool {
-    !helm_controller().version.starts_with("v1.4.")
+/// The HelmRelease that takes the first release's name once it is
+/// uninstalled: in a namespace of its own, storing its Helm release there,
+/// it installs Helm release `RELEASE` into the first release's namespace, so
+/// the demo chart's ConfigMap it creates has the name the first release's
+/// had.
+const SECOND: &str = "second";
+
+/// Issue 25 item 4 on the real helm-controller. The release's owners uninstall
+/// with `keepHistory` (`spec.uninstall.keepHistory: true`); an operator runs
+/// the same uninstall with the Helm CLI (`helm uninstall --keep-history`)
+/// after an install and an upgrade: Helm deletes the demo chart's ConfigMap,
+/// writes revision 2 `uninstalled` and keeps revision 1 `superseded` (Helm's
+/// `Uninstall.Run`). A second release then creates a ConfigMap of the same
+/// name. The next values change gets the first release stuck: its
+/// `status.history` still holds revision 2 as deployed, whose digest no
+/// longer matches storage, so helm-controller calls it "Unmanaged", clears
+/// the history and upgrades, which Helm refuses with "has no deployed
+/// releases". flux-plunger takes its suspension and fence, and the delete
+/// lands while it holds them, in both orders. (helm-controller's own
+/// keep-history uninstall, an uninstall remediation, records the uninstalled
+/// revision in `status.history`; its next pass installs, which Helm refuses
+/// without `spec.install.replace`, "cannot reuse a name that is still in
+/// use": never the stuck message flux-plunger acts on.)
+///
+/// Nothing is installed (SPEC §5a): nothing is handed over, helm-controller's
+/// deletion path runs over the empty history and uninstalls nothing, and the
+/// fence goes. A superseded revision handed over would be a second Helm
+/// uninstall: the demo chart has no hooks, so that shows as the objects of
+/// revision 1's manifest deleted by name, the second release's ConfigMap
+/// among them, and revision 1 purged or marked `uninstalled`. Here the
+/// second release's ConfigMap is the one it created, and the storage is as
+/// Helm kept it.
+#[tokio::test]
+async fn a_release_deleted_after_a_keep_history_uninstall_is_not_uninstalled_again_and_a_same_named_object_of_another_release_stays()
+-> Result<()> {
+    let races = [
+        ("e2e-kept-hc", FirstToHandle::HelmController),
+        ("e2e-kept-fp", FirstToHandle::FluxPlunger),
+    ]
+    .map(|(prefix, first)| async move {
+        let race = PausedRecovery::start(prefix, false, false).await?;
+        let second_ns = namespace(&format!("{prefix}-second")).await?;
+        let taken = stuck_after_a_keep_history_uninstall(&race.ns, &second_ns)
+            .await
+            .with_context(|| race.flux_plunger.log_text())?;
+        let outcome = race.delete_and_settle(first).await?;
+        let left = demo_configmap(&race.ns, RELEASE).await?;
+        let second_storage = revision_statuses(&second_ns.secrets(), RELEASE).await?;
+        // The second release is still installed and Ready. Waited for, not
+        // read once: helm-controller may be in a pass over it (seen once on
+        // v1.4.0); its ConfigMap and storage are checked as they are.
+        wait_until(
+            &second_ns,
+            SECOND,
+            "the second release still Ready",
+            Observed::is_ready,
+        )
+        .await?;
+        anyhow::Ok((first, taken, left, second_storage, outcome))
+    });
+    for (first, taken, left, second_storage, outcome) in
+        futures::future::try_join_all(races).await?
+    {
+        let case = format!("{first:?}: {outcome:?}");
+        match first {
+            FirstToHandle::FluxPlunger => {
+                assert_eq!(outcome.held_after_suspended_delete, None, "{case}");
+            }
+            _ => assert_eq!(
+                outcome.held_after_suspended_delete,
+                Some(true),
+                "the fence held the release past helm-controller's suspended delete: {case}"
+            ),
+        }
+        // helm-controller's deletion path ran on the unsuspended release (it
+        // deletes the HelmChart there): the pass a hand-over would have
+        // made an uninstall.
+        assert!(outcome.helmchart_deleted, "{case}");
+        assert_eq!(
+            outcome.storage,
+            revisions(&[(1, "superseded"), (2, "uninstalled")]),
+            "the history as Helm kept it: {case}"
+        );
+        let left =
+            left.with_context(|| format!("the second release's ConfigMap is gone: {case}"))?;
+        assert_eq!(
+            (&left.metadata.uid, &left.data),
+            (&taken.metadata.uid, &greeting("second")),
+            "{case}"
+        );
+        assert_eq!(second_storage, revisions(&[(1, "deployed")]), "{case}");
+        assert!(
+            !outcome.events.contains(&(
+                "Normal".to_owned(),
+                reasons::UNINSTALL_HANDED_OVER.to_owned()
+            )),
+            "{case}"
+        );
+        assert!(outcome.events.iter().all(|(t, _)| t == "Normal"), "{case}");
+    }
+    Ok(())
+}
+
+/// The state the keep-history test above deletes, by its real causes, in `ns`
+/// and `second_ns`: returns the ConfigMap the second release created.
+async fn stuck_after_a_keep_history_uninstall(
+    ns: &TestNamespace,
+    second_ns: &TestNamespace,
+) -> Result<k8s_openapi::api::core::v1::ConfigMap> {
+    let mut first = demo_release(&ns.name, RELEASE, json!({ "greeting": "hello" }));
+    first["spec"]["uninstall"]["keepHistory"] = json!(true);
+    ns.releases()
+        .create(&PostParams::default(), &serde_json::from_value(first)?)
+        .await?;
+    serve_demo_chart(ns, RELEASE).await?;
+    wait_until(ns, RELEASE, "installed and Ready=True", Observed::is_ready).await?;
+    e2e::set_greeting(ns, RELEASE, "v2").await?;
+    wait_until(ns, RELEASE, "upgraded and Ready=True", Observed::is_ready).await?;
+    assert_eq!(
+        storage(ns).await?,
+        revisions(&[(1, "superseded"), (2, "deployed")])
+    );
+
+    e2e::helm_cli(ns, &["uninstall", RELEASE, "--keep-history"])?;
+    assert_eq!(
+        storage(ns).await?,
+        revisions(&[(1, "superseded"), (2, "uninstalled")])
+    );
+    assert_eq!(configmap_data(ns).await?, None);
+
+    let mut second = demo_release(&second_ns.name, SECOND, json!({ "greeting": "second" }));
+    testkit::merge(
+        &mut second["spec"],
+        json!({ "releaseName": RELEASE, "targetNamespace": ns.name }),
+    );
+    second_ns
+        .releases()
+        .create(&PostParams::default(), &serde_json::from_value(second)?)
+        .await?;
+    serve_demo_chart(second_ns, SECOND).await?;
+    wait_until(
+        second_ns,
+        SECOND,
+        "installed and Ready=True",
+        Observed::is_ready,
+    )
+    .await?;
+    let taken = demo_configmap(ns, RELEASE)
+        .await?
+        .context("the second release's ConfigMap")?;
+    assert_eq!(taken.data, greeting("second"));
+
+    e2e::set_greeting(ns, RELEASE, "v3").await?;
+    wait_until(
+        ns,
+        RELEASE,
+        "stuck with has no deployed releases",
+        e2e::is_stuck,
+    )
+    .await?;
+    Ok(taken)
 }
 
 /// The bug the fence exists for, seen by the suite: the same race with the
