@@ -27,8 +27,11 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     let namespace = args
         .lease
         .namespace("the drain acts only for the Lease holder")?;
+    // Listening before saying so: a SIGTERM that came between the line and
+    // the listening would kill the process undrained (the default action).
+    let stop = StopSignals::listen()?;
     tracing::info!(identity = %identity, drain_deadline = ?timings.drain_deadline, "idle until SIGTERM");
-    wait_for_stop().await?;
+    stop.wait().await;
     // The deadline counts from SIGTERM, which the kubelet sends us only once
     // the controller container has exited. The work stops a little earlier,
     // so that the handover and the report fit inside it.
@@ -185,13 +188,25 @@ fn log_report(report: &DrainReport) -> ExitCode {
     }
 }
 
-async fn wait_for_stop() -> anyhow::Result<()> {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut term = signal(SignalKind::terminate())?;
-    let mut int = signal(SignalKind::interrupt())?;
-    tokio::select! {
-        _ = term.recv() => tracing::info!("SIGTERM: draining"),
-        _ = int.recv() => tracing::info!("SIGINT: draining"),
+/// SIGTERM and SIGINT, caught from the moment this is made.
+struct StopSignals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+}
+
+impl StopSignals {
+    fn listen() -> std::io::Result<Self> {
+        use tokio::signal::unix::{SignalKind, signal};
+        Ok(Self {
+            term: signal(SignalKind::terminate())?,
+            int: signal(SignalKind::interrupt())?,
+        })
     }
-    Ok(())
+
+    async fn wait(mut self) {
+        tokio::select! {
+            _ = self.term.recv() => tracing::info!("SIGTERM: draining"),
+            _ = self.int.recv() => tracing::info!("SIGINT: draining"),
+        }
+    }
 }
