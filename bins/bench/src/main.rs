@@ -149,6 +149,15 @@ pub(crate) async fn drain_measured(
             break;
         }
     }
+    // It says so just before it installs its handler: a SIGTERM in between
+    // would kill it.
+    let handling = Instant::now();
+    while !peak::catches_sigterm(pid) {
+        if handling.elapsed() > Duration::from_secs(10) {
+            bail!("the drain did not handle SIGTERM within 10 s");
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
     let log = tokio::spawn(async move {
         let mut log = Vec::new();
         while let Ok(Some(line)) = lines.next_line().await {

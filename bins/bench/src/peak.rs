@@ -80,3 +80,15 @@ pub fn vm_hwm_kib(pid: u32) -> Option<u64> {
         .and_then(|rest| rest.split_whitespace().next())
         .and_then(|n| n.parse().ok())
 }
+
+/// Whether `pid` has a handler for SIGTERM installed (`SigCgt`).
+pub fn catches_sigterm(pid: u32) -> bool {
+    const SIGTERM: u32 = 15;
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|status| {
+            let mask = status.lines().find_map(|l| l.strip_prefix("SigCgt:"))?;
+            u64::from_str_radix(mask.trim(), 16).ok()
+        })
+        .is_some_and(|mask| mask & (1 << (SIGTERM - 1)) != 0)
+}
