@@ -627,11 +627,21 @@ async fn main() -> Result<()> {
                 format!("{} / {}", mib(heavy.peak_kib), secs(heavy.took)),
             );
         }
+        report.row(
+            format!(
+                "drain, the same and one deleted release whose revision ({:.0} KB stored) inflates to {} MiB: peak RSS (VmHWM) / time",
+                figures.bomb_payload_bytes as f64 / 1000.0,
+                values::BOMB_INFLATES_TO >> 20
+            ),
+            format!("{} / {}", mib(figures.bomb.peak_kib), secs(figures.bomb.took)),
+        );
         report.json.insert(
             "values".into(),
             json!({"fenced": values::FENCED, "values_bytes": figures.values_bytes,
                 "without_values": {"drain": figures.bare.drain.json(), "sweep": figures.bare.sweep.json()},
-                "with_values": {"drain": figures.heavy.drain.json(), "sweep": figures.heavy.sweep.json()}}),
+                "with_values": {"drain": figures.heavy.drain.json(), "sweep": figures.heavy.sweep.json()},
+                "with_values_and_bomb": {"drain": figures.bomb.json(), "payload_bytes": figures.bomb_payload_bytes,
+                    "inflates_to_bytes": values::BOMB_INFLATES_TO}}),
         );
     }
 

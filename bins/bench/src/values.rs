@@ -1,16 +1,29 @@
 //! The drain's and the pre-delete hook's peak memory (`VmHWM`) over
 //! `FENCED` fenced live releases carrying `VALUES_BYTES` of `spec.values`
 //! each, against the same releases without them: both list every fenced
-//! release in pages, and decode each page without the values.
+//! release in pages, and decode each page without the values. Then the
+//! drain of the heavy ones with, besides, one fenced release being deleted
+//! whose one revision inflates far past the 16 MiB the payload decoder reads.
 
+use std::io::Write;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
+use base64::Engine;
+use flate2::Compression;
+use flate2::write::GzEncoder;
+use k8s_openapi::api::core::v1::Event;
 use kube::Client;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use plunger::names::FIELD_MANAGER;
 use serde_json::{Map, Value, json};
 use testkit::TestNamespace;
+use testkit::fixtures::storage_secret;
 
-use crate::objects::{create_releases, create_releases_with_values, fence_releases};
+use crate::objects::{
+    applied, create_releases, create_releases_with_values, fence_releases, release_name,
+};
 use crate::{RUNS, Ran, drain_measured, kubeconfig, lead, median, sweep_measured};
 
 /// Fenced releases in each namespace.
@@ -73,6 +86,11 @@ pub struct ValuesFigures {
     pub bare: Pair,
     /// The releases with them.
     pub heavy: Pair,
+    /// Drains of the heavy releases and one being deleted over a revision
+    /// that inflates to `BOMB_INFLATES_TO`.
+    pub bomb: Measured,
+    /// That revision's `release` value, as stored.
+    pub bomb_payload_bytes: usize,
 }
 
 /// `FENCED` realistic releases in one namespace, the same with
@@ -90,10 +108,17 @@ pub async fn bench_values(admin: &Client) -> Result<ValuesFigures> {
         "   created {FENCED} releases, and {FENCED} with {values_bytes} bytes of values each, in {:.1}s",
         started.elapsed().as_secs_f64()
     );
+    let bare = pair(&bare).await?;
+    let heavy_pair = pair(&heavy).await?;
+    let dir = tempfile::tempdir()?;
+    let (bomb, bomb_payload_bytes) =
+        drains_over_bomb(&heavy, &kubeconfig(dir.path()).await?).await?;
     Ok(ValuesFigures {
         values_bytes,
-        bare: pair(&bare).await?,
-        heavy: pair(&heavy).await?,
+        bare,
+        heavy: heavy_pair,
+        bomb,
+        bomb_payload_bytes,
     })
 }
 
@@ -134,4 +159,98 @@ pub fn large_values(bytes: usize) -> Value {
         files.insert(format!("file-{file}.conf"), Value::String(text));
     }
     json!({ "configFiles": files })
+}
+
+/// How far the crafted revision inflates: twice the 16 MiB bound the
+/// payload decoder reads (`plunger::history`).
+pub const BOMB_INFLATES_TO: usize = 32 * 1024 * 1024;
+
+/// The `release` value of a crafted storage Secret, of the kind issue 23
+/// describes: base64 of the gzip of `{"config":[0,0,0,…]}` inflating to
+/// `inflates_to` bytes. `config` is the field the decoder keeps as raw
+/// JSON (the values it digests), so only its bound stops it.
+pub fn bomb_payload(inflates_to: usize) -> Result<Vec<u8>> {
+    let mut gz = GzEncoder::new(Vec::new(), Compression::best());
+    gz.write_all(b"{\"config\":[0")?;
+    let chunk = ",0".repeat(64 * 1024);
+    for _ in 0..inflates_to / chunk.len() {
+        gz.write_all(chunk.as_bytes())?;
+    }
+    gz.write_all(b"]}")?;
+    Ok(base64::engine::general_purpose::STANDARD
+        .encode(gz.finish()?)
+        .into_bytes())
+}
+
+/// `RUNS` drains of the heavy namespace's `FENCED` fences with, besides,
+/// release `FENCED` being deleted over a crafted revision: fenced (ours, no
+/// suspension), without helm-controller's finalizer and observed at its
+/// deleted generation (helm-controller's deletion pass has ended without an
+/// uninstall, as over a cleared history), its history empty, its one
+/// revision `deployed` and inflating to `BOMB_INFLATES_TO`. The drain reads
+/// that revision for the hand-over, refuses it at the bound and lets the
+/// release go (`ReleasedWithoutUninstall`).
+async fn drains_over_bomb(ns: &TestNamespace, kubeconfig: &Path) -> Result<(Measured, usize)> {
+    let name = release_name(FENCED);
+    let payload = bomb_payload(BOMB_INFLATES_TO)?;
+    let payload_bytes = payload.len();
+    ns.secrets()
+        .create(
+            &PostParams::default(),
+            &storage_secret(&name, 1, "deployed", payload),
+        )
+        .await?;
+    let api = ns.releases();
+    let helm_controller = PatchParams {
+        field_manager: Some("helm-controller".to_owned()),
+        ..PatchParams::default()
+    };
+    let mut drains = Vec::new();
+    for _ in 0..RUNS {
+        fence_releases(ns, 0..FENCED).await?;
+        api.patch(
+            &name,
+            &PatchParams::apply("kustomize-controller").force(),
+            &Patch::Apply(applied(&ns.name, &name, FENCED)),
+        )
+        .await?;
+        api.patch(
+            &name,
+            &PatchParams::apply(FIELD_MANAGER),
+            &Patch::Apply(testkit::fixtures::fence_body(&name, false)),
+        )
+        .await?;
+        api.delete(&name, &DeleteParams::default()).await?;
+        let generation = api
+            .get(&name)
+            .await?
+            .metadata
+            .generation
+            .context("no generation")?;
+        api.patch_status(
+            &name,
+            &helm_controller,
+            &Patch::Merge(json!({"status": {"observedGeneration": generation}})),
+        )
+        .await?;
+        lead(ns, "pod-a").await?;
+        drains.push(drain_measured(ns, "pod-a", kubeconfig).await?);
+        if api.get_opt(&name).await?.is_some() {
+            bail!("the drain did not let {name} go");
+        }
+    }
+    let events: Api<Event> = Api::namespaced(ns.client.clone(), &ns.name);
+    let refused = events
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .any(|e| {
+            e.message
+                .is_some_and(|m| m.contains(&name) && m.contains("inflates past"))
+        });
+    if !refused {
+        bail!("no event says that the revision of {name} was refused at the bound");
+    }
+    Ok((Measured::of(drains)?, payload_bytes))
 }
