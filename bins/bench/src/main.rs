@@ -15,6 +15,8 @@
 //! - the sweep (pre-delete hook): time for 500 fenced releases;
 //! - one recovery of a release with 10 revisions of 200 KB: the requests and
 //!   the bytes the controller received;
+//! - the drain's and the sweep's peak memory (`VmHWM`) over 1,000 fenced
+//!   releases carrying 50 KB of values each, and over the same without them;
 //! - 50,000 releases, in one namespace and over 500: the controller's memory,
 //!   start-up and idle requests, and a drain's and a sweep's requests and
 //!   bytes among them (`large`, run last: it leaves 100,000 releases).
@@ -25,9 +27,11 @@ mod controller;
 mod large;
 mod memory;
 mod objects;
+mod peak;
 mod scale;
 mod sizes;
 mod storage;
+mod values;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -109,6 +113,26 @@ pub(crate) async fn signal_drain(
     pod: &str,
     kubeconfig: &Path,
 ) -> Result<Duration> {
+    Ok(drain_measured(ns, pod, kubeconfig).await?.took)
+}
+
+/// A release binary's run: from the start of its work (SIGTERM for the
+/// drain, the spawn for the hook) to its exit, and its peak memory.
+#[derive(Debug, Clone, Copy)]
+pub struct Ran {
+    pub took: Duration,
+    /// `None` if no `VmHWM` could be read.
+    pub peak: Option<peak::Peak>,
+    /// From the last reading of `VmHWM` to the exit being seen.
+    pub last_reading_before_exit: Option<Duration>,
+}
+
+/// [`signal_drain`], reading the drain's `VmHWM` from SIGTERM to its exit.
+pub(crate) async fn drain_measured(
+    ns: &TestNamespace,
+    pod: &str,
+    kubeconfig: &Path,
+) -> Result<Ran> {
     let mut child = Command::new(release_binary("flux-plunger-drain")?)
         .arg(format!("--kubeconfig={}", kubeconfig.display()))
         .arg("--log-encoding=console")
@@ -118,19 +142,52 @@ pub(crate) async fn signal_drain(
         .stderr(Stdio::piped())
         .kill_on_drop(true)
         .spawn()?;
+    let pid = child.id().context("pid")?;
     let mut lines = BufReader::new(child.stderr.take().context("stderr")?).lines();
     while let Some(line) = lines.next_line().await? {
         if line.contains("idle until SIGTERM") {
             break;
         }
     }
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    // It says so just before it installs its handler: a SIGTERM in between
+    // would kill it.
+    let handling = Instant::now();
+    while !peak::catches_sigterm(pid) {
+        if handling.elapsed() > Duration::from_secs(10) {
+            bail!("the drain did not handle SIGTERM within 10 s");
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let log = tokio::spawn(async move {
+        let mut log = Vec::new();
+        while let Ok(Some(line)) = lines.next_line().await {
+            log.push(line);
+        }
+        log
+    });
+    let watch = peak::PeakWatch::start(pid);
     let started = Instant::now();
     std::process::Command::new("kill")
-        .args(["-TERM", &child.id().context("pid")?.to_string()])
+        .args(["-TERM", &pid.to_string()])
         .status()?;
-    child.wait().await?;
-    Ok(started.elapsed())
+    let status = child.wait().await?;
+    let ran = ran(started, watch);
+    let log = log.await?;
+    // It exits 0 too when it finds that this pod was not the last leader.
+    if !status.success() || log.iter().any(|l| l.contains("nothing to drain")) {
+        bail!("the drain exited with {status}:\n{}", log.join("\n"));
+    }
+    Ok(ran)
+}
+
+fn ran(started: Instant, watch: peak::PeakWatch) -> Ran {
+    let exited = Instant::now();
+    let peak = watch.finish();
+    Ran {
+        took: exited - started,
+        peak,
+        last_reading_before_exit: peak.map(|p| exited.saturating_duration_since(p.last)),
+    }
 }
 
 pub(crate) async fn lead(ns: &TestNamespace, pod: &str) -> Result<()> {
@@ -225,23 +282,32 @@ async fn bench_sweep(count: usize) -> Result<Duration> {
 /// Runs the pre-delete hook over the cluster (no Deployment, no pods: it
 /// goes straight to the fences); returns how long it took.
 pub(crate) async fn run_sweep(ns: &TestNamespace, kubeconfig: &Path) -> Result<Duration> {
+    Ok(sweep_measured(ns, kubeconfig).await?.took)
+}
+
+/// [`run_sweep`], reading the hook's `VmHWM` from its spawn to its exit.
+pub(crate) async fn sweep_measured(ns: &TestNamespace, kubeconfig: &Path) -> Result<Ran> {
     let started = Instant::now();
-    let output = Command::new(release_binary("flux-plunger-sweep")?)
+    let child = Command::new(release_binary("flux-plunger-sweep")?)
         .arg("hook")
         .arg(format!("--kubeconfig={}", kubeconfig.display()))
         .arg(format!("--namespace={}", ns.name))
         .arg("--log-encoding=console")
         .stdin(Stdio::null())
-        .output()
-        .await?;
-    let took = started.elapsed();
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()?;
+    let watch = peak::PeakWatch::start(child.id().context("pid")?);
+    let output = child.wait_with_output().await?;
+    let ran = ran(started, watch);
     if !output.status.success() {
         bail!(
             "the sweep failed: {}",
             String::from_utf8_lossy(&output.stdout)
         );
     }
-    Ok(took)
+    Ok(ran)
 }
 
 /// The figures, as printed and as written to `bench.json`.
@@ -529,6 +595,55 @@ async fn main() -> Result<()> {
         }
     }
     report.json.insert("burst".into(), json!(burst_json));
+
+    if wanted("values") {
+        eprintln!(
+            ">> drain and sweep peak memory, {} fenced releases with and without {} KB of values each ({RUNS} runs each)",
+            values::FENCED,
+            values::VALUES_BYTES / 1000
+        );
+        let figures = values::bench_values(&admin).await?;
+        let kb = figures.values_bytes as f64 / 1000.0;
+        for (what, title) in [
+            ("drain", "drain (SIGTERM to exit)"),
+            ("sweep", "pre-delete sweep"),
+        ] {
+            let [bare, heavy] = [&figures.bare, &figures.heavy].map(|pair| match what {
+                "drain" => &pair.drain,
+                _ => &pair.sweep,
+            });
+            report.row(
+                format!(
+                    "{title}, {} fenced releases: peak RSS (VmHWM) / time, without large values",
+                    values::FENCED
+                ),
+                format!("{} / {}", mib(bare.peak_kib), secs(bare.took)),
+            );
+            report.row(
+                format!(
+                    "{title}, {} fenced releases: peak RSS (VmHWM) / time, {kb:.0} KB of values each",
+                    values::FENCED
+                ),
+                format!("{} / {}", mib(heavy.peak_kib), secs(heavy.took)),
+            );
+        }
+        report.row(
+            format!(
+                "drain, the same and one deleted release whose revision ({:.0} KB stored) inflates to {} MiB: peak RSS (VmHWM) / time",
+                figures.bomb_payload_bytes as f64 / 1000.0,
+                values::BOMB_INFLATES_TO >> 20
+            ),
+            format!("{} / {}", mib(figures.bomb.peak_kib), secs(figures.bomb.took)),
+        );
+        report.json.insert(
+            "values".into(),
+            json!({"fenced": values::FENCED, "values_bytes": figures.values_bytes,
+                "without_values": {"drain": figures.bare.drain.json(), "sweep": figures.bare.sweep.json()},
+                "with_values": {"drain": figures.heavy.drain.json(), "sweep": figures.heavy.sweep.json()},
+                "with_values_and_bomb": {"drain": figures.bomb.json(), "payload_bytes": figures.bomb_payload_bytes,
+                    "inflates_to_bytes": values::BOMB_INFLATES_TO}}),
+        );
+    }
 
     if wanted("large") {
         eprintln!(

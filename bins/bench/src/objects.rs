@@ -7,7 +7,7 @@
 use anyhow::Result;
 use futures::{StreamExt, stream};
 use kube::api::{Patch, PatchParams};
-use plunger::names::{HELMRELEASE_API_VERSION, HELMRELEASE_KIND};
+use plunger::names::{FIELD_MANAGER, HELMRELEASE_API_VERSION, HELMRELEASE_KIND};
 use serde_json::{Value, json};
 use testkit::TestNamespace;
 
@@ -33,7 +33,7 @@ fn digest(seed: &str) -> String {
 }
 
 /// What kustomize-controller applies (server-side, its own field manager).
-fn applied(namespace: &str, name: &str, i: usize) -> Value {
+pub fn applied(namespace: &str, name: &str, i: usize) -> Value {
     json!({
         "apiVersion": HELMRELEASE_API_VERSION,
         "kind": HELMRELEASE_KIND,
@@ -158,38 +158,90 @@ pub async fn create_labelled_releases(
     range: std::ops::Range<usize>,
     label: Option<(&str, &str)>,
 ) -> Result<()> {
-    stream::iter(range)
-        .map(|i| async move {
-            let name = release_name(i);
-            let api = ns.releases();
-            let mut body = applied(&ns.name, &name, i);
-            if let Some((key, value)) = label {
-                body["metadata"]["labels"][key] = json!(value);
+    create(ns, range, label, None).await
+}
+
+/// [`create_releases`], each with `values` (an object) added to its
+/// `spec.values`, as kustomize-controller applies them.
+pub async fn create_releases_with_values(
+    ns: &TestNamespace,
+    range: std::ops::Range<usize>,
+    values: &Value,
+) -> Result<()> {
+    create(ns, range, None, Some(values)).await
+}
+
+async fn create(
+    ns: &TestNamespace,
+    range: std::ops::Range<usize>,
+    label: Option<(&str, &str)>,
+    values: Option<&Value>,
+) -> Result<()> {
+    each(range, |i| async move {
+        let name = release_name(i);
+        let api = ns.releases();
+        let mut body = applied(&ns.name, &name, i);
+        if let Some((key, value)) = label {
+            body["metadata"]["labels"][key] = json!(value);
+        }
+        if let Some(Value::Object(values)) = values {
+            for (key, value) in values {
+                body["spec"]["values"][key] = value.clone();
             }
-            api.patch(
+        }
+        api.patch(
+            &name,
+            &PatchParams::apply("kustomize-controller").force(),
+            &Patch::Apply(body),
+        )
+        .await?;
+        let helm_controller = PatchParams {
+            field_manager: Some("helm-controller".to_owned()),
+            ..PatchParams::default()
+        };
+        api.patch(
+            &name,
+            &helm_controller,
+            &Patch::Merge(json!({"metadata": {"finalizers": ["finalizers.fluxcd.io"]}})),
+        )
+        .await?;
+        api.patch_status(
+            &name,
+            &helm_controller,
+            &Patch::Merge(healthy_status(&ns.name, &name)),
+        )
+        .await?;
+        anyhow::Ok(())
+    })
+    .await
+}
+
+/// Sets flux-plunger's suspension and fence on releases `range` of `ns`, as
+/// a flux-plunger stopped in the middle of their recoveries leaves them.
+pub async fn fence_releases(ns: &TestNamespace, range: std::ops::Range<usize>) -> Result<()> {
+    each(range, |i| async move {
+        let name = release_name(i);
+        ns.releases()
+            .patch(
                 &name,
-                &PatchParams::apply("kustomize-controller").force(),
-                &Patch::Apply(body),
+                &PatchParams::apply(FIELD_MANAGER),
+                &Patch::Apply(testkit::fixtures::fence_body(&name, true)),
             )
             .await?;
-            let helm_controller = PatchParams {
-                field_manager: Some("helm-controller".to_owned()),
-                ..PatchParams::default()
-            };
-            api.patch(
-                &name,
-                &helm_controller,
-                &Patch::Merge(json!({"metadata": {"finalizers": ["finalizers.fluxcd.io"]}})),
-            )
-            .await?;
-            api.patch_status(
-                &name,
-                &helm_controller,
-                &Patch::Merge(healthy_status(&ns.name, &name)),
-            )
-            .await?;
-            anyhow::Ok(())
-        })
+        anyhow::Ok(())
+    })
+    .await
+}
+
+/// Runs `write` for each release number of `range`, `SETUP_CONCURRENCY` at
+/// a time.
+async fn each<F, Fut>(range: std::ops::Range<usize>, write: F) -> Result<()>
+where
+    F: Fn(usize) -> Fut,
+    Fut: std::future::Future<Output = Result<()>>,
+{
+    stream::iter(range)
+        .map(write)
         .buffer_unordered(SETUP_CONCURRENCY)
         .collect::<Vec<_>>()
         .await

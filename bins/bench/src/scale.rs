@@ -9,13 +9,10 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
-use futures::{StreamExt, stream};
 use kube::Client;
-use kube::api::{Patch, PatchParams};
-use plunger::names::FIELD_MANAGER;
 use testkit::{FaultPlan, FaultProxy, TestNamespace};
 
-use crate::objects::{SETUP_CONCURRENCY, create_releases, release_name};
+use crate::objects::{create_releases, fence_releases};
 use crate::{RUNS, kubeconfig, lead, median, run_sweep, signal_drain};
 
 /// Releases in the cluster, fenced ones included.
@@ -99,21 +96,5 @@ where
 
 /// Sets flux-plunger's suspension and fence on every release of `ns`.
 async fn fence_all(ns: &TestNamespace) -> Result<()> {
-    stream::iter(0..FENCES)
-        .map(|i| async move {
-            let name = release_name(i);
-            ns.releases()
-                .patch(
-                    &name,
-                    &PatchParams::apply(FIELD_MANAGER),
-                    &Patch::Apply(testkit::fixtures::fence_body(&name, true)),
-                )
-                .await?;
-            anyhow::Ok(())
-        })
-        .buffer_unordered(SETUP_CONCURRENCY)
-        .collect::<Vec<_>>()
-        .await
-        .into_iter()
-        .collect()
+    fence_releases(ns, 0..FENCES).await
 }
