@@ -462,7 +462,9 @@ pub async fn wait_until_refused(
         .await?;
     let releases = plunger::release::api::helmreleases(as_controller, &fences.name);
     // A write the guard lets the controller make (the release is live and
-    // unsuspended: this changes nothing), so only the refusal can refuse it.
+    // unsuspended: this changes nothing, under a field manager of
+    // flux-plunger's, which the guard requires), so only the refusal can
+    // refuse it.
     let probe = serde_json::json!({"spec": {"suspend": false}});
     testkit::eventually(
         Duration::from_secs(30),
@@ -476,6 +478,7 @@ pub async fn wait_until_refused(
                         release,
                         &PatchParams {
                             dry_run: true,
+                            field_manager: Some(plunger::names::FIELD_MANAGER.to_owned()),
                             ..Default::default()
                         },
                         &Patch::Merge(&probe),

@@ -15,8 +15,12 @@ pub fn helmreleases(client: Client, namespace: &str) -> kube::Api<DynamicObject>
     kube::Api::namespaced_with(client, namespace, &helmrelease_resource())
 }
 
-/// How many HelmReleases one listing request asks for.
-pub const LIST_PAGE_SIZE: u32 = 500;
+/// How many HelmReleases one listing request asks for. kube's client holds a
+/// page whole, and copies it, before it is decoded: with 50 KB of values a
+/// release, pages of 500 (25 MB of JSON) took the drain and the sweep to
+/// 129 MiB over 1,000 fenced releases, past their 128Mi limits
+/// (docs/performance.md). Pages of 100, as the controller's watch lists.
+pub const LIST_PAGE_SIZE: u32 = 100;
 
 /// Every HelmRelease in `scope`, read from the apiserver page by page and
 /// decoded without its values (memory stays bounded with many releases,
