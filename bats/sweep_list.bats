@@ -46,7 +46,7 @@ arrange() {
   release plain
 }
 
-row() { printf '%-50s %6s %-20s %-12s %s\n' "$@"; }
+row() { printf '%-50s %6s %-20s %-12s %-11s %s\n' "$@"; }
 
 @test "list shows fences, flux-plunger's suspensions and one an older flux-plunger probably left behind, as a table" {
   arrange
@@ -55,14 +55,14 @@ row() { printf '%-50s %6s %-20s %-12s %s\n' "$@"; }
 
   expect_status 0
   expect_output <<EOF
-$(row RELEASE FENCES SUSPENDED-BY TERMINATING UNINSTALLED)
-$(row "$NS/bare-fence" 1 - no -)
-$(row "$NS/deleting" 1 - yes no)
-$(row "$NS/doubled" 2 - no -)
-$(row "$NS/left-behind" 0 'left-behind?' no -)
-$(row "$NS/ours" 1 flux-plunger no -)
-$(row "$NS/shared" 1 flux-plunger+other no -)
-$(row "$NS/uninstalled" 1 - yes yes)
+$(row RELEASE FENCES SUSPENDED-BY TERMINATING UNINSTALLED FENCED-BY)
+$(row "$NS/bare-fence" 1 - no - -)
+$(row "$NS/deleting" 1 - yes no -)
+$(row "$NS/doubled" 2 - no - -)
+$(row "$NS/left-behind" 0 'left-behind?' no - -)
+$(row "$NS/ours" 1 flux-plunger no - -)
+$(row "$NS/shared" 1 flux-plunger+other no - -)
+$(row "$NS/uninstalled" 1 - yes yes -)
 
 left-behind?: suspended by another manager on a release flux-plunger recovered before, most likely by an older flux-plunger stopped mid-recovery. Confirm nothing else holds it, then \`flux resume helmrelease NAME -n NAMESPACE\`.
 EOF
@@ -75,7 +75,7 @@ EOF
 
   expect_status 0
   entry() {
-    printf '  {\n    "namespace": "%s",\n    "name": "%s",\n    "fences": %s,\n    "suspension": "%s",\n    "terminating": %s,\n    "uninstall_reached": %s\n  }' "$NS" "$@"
+    printf '  {\n    "namespace": "%s",\n    "name": "%s",\n    "fences": %s,\n    "suspension": "%s",\n    "terminating": %s,\n    "uninstall_reached": %s,\n    "fenced_by": null\n  }' "$NS" "$@"
   }
   expect_output <<EOF
 [
@@ -99,7 +99,7 @@ EOF
 
   expect_status 0
   expect_output <<EOF
-$(row RELEASE FENCES SUSPENDED-BY TERMINATING UNINSTALLED)
+$(row RELEASE FENCES SUSPENDED-BY TERMINATING UNINSTALLED FENCED-BY)
 EOF
   run --separate-stderr sweep list -o json
   expect_status 0
@@ -109,7 +109,8 @@ EOF
 @test "list in the install's scope shows only the releases there (a scoped install's ServiceAccount may list nowhere else)" {
   release in-scope
   fence in-scope
-  k label helmrelease in-scope -n "$NS" team=a >/dev/null
+  # The fence's label names the install that set it.
+  k label helmrelease in-scope -n "$NS" team=a flux-plunger.cozystack.io/uninstall-fence=flux-system.flux-plunger >/dev/null
   release out-of-scope
   fence out-of-scope
 
@@ -117,7 +118,7 @@ EOF
 
   expect_status 0
   expect_output <<EOF
-$(row RELEASE FENCES SUSPENDED-BY TERMINATING UNINSTALLED)
-$(row "$NS/in-scope" 1 - no -)
+$(row RELEASE FENCES SUSPENDED-BY TERMINATING UNINSTALLED FENCED-BY)
+$(row "$NS/in-scope" 1 - no - flux-system.flux-plunger)
 EOF
 }

@@ -187,6 +187,7 @@ async fn with_its_own_token_the_chart_s_service_account_is_refused_what_flux_plu
             &read(releases.clone()).await?,
             Claim::SUSPEND_AND_FENCE,
             false,
+            &plunger::install::Install::legacy(),
         )
         .await,
     );
@@ -202,7 +203,14 @@ async fn with_its_own_token_the_chart_s_service_account_is_refused_what_flux_plu
     );
     verdicts.allowed(
         "lift the suspension and the fence",
-        apply::apply(&own, &read(releases.clone()).await?, Claim::NOTHING, false).await,
+        apply::apply(
+            &own,
+            &read(releases.clone()).await?,
+            Claim::NOTHING,
+            false,
+            &plunger::install::Install::legacy(),
+        )
+        .await,
     );
     verdicts.check()?;
 
@@ -285,6 +293,7 @@ async fn scoped_to_one_namespace_the_chart_s_token_is_refused_another_s_releases
                 &view_of(&tenant_b).await?,
                 Claim::SUSPEND_AND_FENCE,
                 false,
+                &plunger::install::Install::legacy(),
             )
             .await,
         ),
@@ -317,6 +326,7 @@ async fn scoped_to_one_namespace_the_chart_s_token_is_refused_another_s_releases
             &view_of(&tenant_a).await?,
             Claim::SUSPEND_AND_FENCE,
             false,
+            &plunger::install::Install::legacy(),
         )
         .await,
     );
@@ -326,7 +336,14 @@ async fn scoped_to_one_namespace_the_chart_s_token_is_refused_another_s_releases
     );
     verdicts.allowed(
         "lift the suspension and the fence in tenant A",
-        apply::apply(&own, &view_of(&tenant_a).await?, Claim::NOTHING, false).await,
+        apply::apply(
+            &own,
+            &view_of(&tenant_a).await?,
+            Claim::NOTHING,
+            false,
+            &plunger::install::Install::legacy(),
+        )
+        .await,
     );
     verdicts.check()?;
 
@@ -499,7 +516,11 @@ async fn dry_apply(
         .patch(
             &release.name,
             &params,
-            &Patch::Apply(apply::apply_body(release, claim)),
+            &Patch::Apply(apply::apply_body(
+                release,
+                claim,
+                &plunger::install::Install::legacy(),
+            )),
         )
         .await
 }
@@ -815,7 +836,7 @@ async fn release_writes(
     // (a copy of the fence another manager lists): pinned to the read, every
     // copy of the fence and its label removed.
     let web = ReleaseView::from_object(&releases.get("web").await?);
-    ensure!(web.fence_labelled && !web.fence_indices().is_empty());
+    ensure!(web.fence_labelled() && !web.fence_indices().is_empty());
     verdicts.allowed(
         "the guarded patch removing the fence and its label",
         json_patch(apply::guarded_patch(
@@ -1459,7 +1480,14 @@ async fn under_a_mutator_stamping_every_update_flux_plunger_s_writes_are_admitte
 
     verdicts.allowed(
         "apply the suspension and the fence",
-        apply::apply(&controller, &read().await?, Claim::SUSPEND_AND_FENCE, false).await,
+        apply::apply(
+            &controller,
+            &read().await?,
+            Claim::SUSPEND_AND_FENCE,
+            false,
+            &plunger::install::Install::legacy(),
+        )
+        .await,
     );
     verdicts.allowed(
         "write the processed-revision annotation",
@@ -1473,11 +1501,25 @@ async fn under_a_mutator_stamping_every_update_flux_plunger_s_writes_are_admitte
     );
     verdicts.allowed(
         "lift the suspension and the fence",
-        apply::apply(&controller, &read().await?, Claim::NOTHING, false).await,
+        apply::apply(
+            &controller,
+            &read().await?,
+            Claim::NOTHING,
+            false,
+            &plunger::install::Install::legacy(),
+        )
+        .await,
     );
     verdicts.allowed(
         "apply the fence while the recovery waits",
-        apply::apply(&controller, &read().await?, Claim::FENCE_ONLY, false).await,
+        apply::apply(
+            &controller,
+            &read().await?,
+            Claim::FENCE_ONLY,
+            false,
+            &plunger::install::Install::legacy(),
+        )
+        .await,
     );
     let fenced = read().await?;
     verdicts.allowed(

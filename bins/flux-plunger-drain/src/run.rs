@@ -81,6 +81,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
             default_service_account: args.tenancy.default_service_account.clone(),
             ..Controls::default()
         })
+        .with_install(args.lease.install())
         .letting_go()
         .with_test_hooks_from_env();
     let scope = args.scope.scope();

@@ -292,7 +292,8 @@ fn start_controller(ns: &TestNamespace, guarded: &Guarded) -> Result<Running> {
         .arg(format!("--health-addr=127.0.0.1:{health}"))
         .arg("--log-encoding=console")
         .env_remove("POD_NAME")
-        .env_remove("POD_NAMESPACE")
+        // The same install as the drain's pod: the fences' label names it.
+        .env("POD_NAMESPACE", &ns.name)
         .env_remove("RUST_LOG");
     Ok(Running {
         process: LoggedProcess::spawn(command, "flux-plunger")?,

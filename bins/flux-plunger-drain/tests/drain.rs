@@ -5,6 +5,7 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use plunger::install::Install;
 use plunger::lease::{Attempt, LeaseLock};
 use plunger::names::{FENCE_FINALIZER, HELM_CONTROLLER_FINALIZER};
 use plunger::release::view::ReleaseView;
@@ -428,6 +429,59 @@ async fn a_scoped_drain_releases_only_the_fences_in_its_namespaces_and_selector(
             release.key()
         );
     }
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_drain_releases_its_own_fences_outside_its_selector_and_never_another_installs()
+-> Result<()> {
+    let _turn = testkit::cluster_wide_turn().await;
+    let (ns, hc) = setup("drain-own").await?;
+    let own = Install::from_lease(&ns.name, "flux-plunger");
+    // Fenced by this install, then relabelled: its selector no longer
+    // matches the release.
+    installed(&ns, &hc, "relabelled").await?;
+    ns.apply_as_install("relabelled", true, own.fence_label_value())
+        .await?;
+    // In its scope, fenced by another install side by side.
+    installed(&ns, &hc, "theirs").await?;
+    ns.apply_as_install("theirs", true, "tenant-b.flux-plunger")
+        .await?;
+    ns.releases()
+        .patch(
+            "theirs",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"tenant": "a"}}})),
+        )
+        .await?;
+    lead(&ns, POD).await?;
+
+    let sidecar = start_with(
+        &ns,
+        "90",
+        &[
+            format!("--watch-namespace={}", ns.name),
+            "--watch-label-selector=tenant=a".to_owned(),
+        ],
+    )
+    .await?;
+    let (status, log, _) = sidecar.terminate().await?;
+    let theirs = view(&ns, "theirs").await?.unwrap();
+    testkit::strip_fences(&ns).await?;
+
+    assert!(status.success(), "{status:?}");
+    assert!(log.contains("drain complete: no fence left"), "{log}");
+    let relabelled = view(&ns, "relabelled").await?.unwrap();
+    assert!(
+        !relabelled.suspend && !relabelled.has_fence() && !relabelled.fence_labelled(),
+        "{relabelled:?}"
+    );
+    assert!(
+        theirs.suspended_by_us()
+            && theirs.has_fence()
+            && theirs.fence_label.as_deref() == Some("tenant-b.flux-plunger"),
+        "another install's fence is that install's to release: {theirs:?}"
+    );
     Ok(())
 }
 

@@ -5,6 +5,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use plunger::error::describe;
+use plunger::install::Install;
 use plunger::release::api::helmreleases;
 use plunger::release::view::ReleaseView;
 use plunger::sweep::hook::{HookConfig, run_hook};
@@ -37,6 +38,7 @@ async fn hook(args: HookArgs) -> anyhow::Result<ExitCode> {
     let timings = args.grace.timings;
     let client = args.kube.client().await?;
     let config = HookConfig {
+        install: Install::from_lease(&namespace, &args.leader_election_lease_name),
         namespace,
         deployment: args.deployment,
         pod_selector: args.pod_selector,
@@ -90,8 +92,8 @@ async fn list(args: ListArgs) -> anyhow::Result<ExitCode> {
         Output::Table => {
             writeln!(
                 out,
-                "{:<50} {:>6} {:<20} {:<12} UNINSTALLED",
-                "RELEASE", "FENCES", "SUSPENDED-BY", "TERMINATING"
+                "{:<50} {:>6} {:<20} {:<12} {:<11} FENCED-BY",
+                "RELEASE", "FENCES", "SUSPENDED-BY", "TERMINATING", "UNINSTALLED"
             )?;
             for Row {
                 namespace,
@@ -100,11 +102,12 @@ async fn list(args: ListArgs) -> anyhow::Result<ExitCode> {
                 suspension,
                 terminating,
                 uninstall_reached,
+                fenced_by,
             } in &rows
             {
                 writeln!(
                     out,
-                    "{:<50} {:>6} {:<20} {:<12} {}",
+                    "{:<50} {:>6} {:<20} {:<12} {:<11} {}",
                     format!("{namespace}/{name}"),
                     fences,
                     suspension_text(*suspension),
@@ -116,6 +119,7 @@ async fn list(args: ListArgs) -> anyhow::Result<ExitCode> {
                     } else {
                         "no"
                     },
+                    fenced_by.as_deref().unwrap_or("-"),
                 )?;
             }
             if rows.iter().any(|r| r.suspension == Suspension::LeftBehind) {

@@ -12,6 +12,7 @@ use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
+use tokio::sync::mpsc;
 
 use plunger::decide::is_of_interest;
 use plunger::error::Error;
@@ -20,6 +21,7 @@ use plunger::release::view::{ReleaseView, helmrelease_resource};
 use plunger::scope::Scope;
 
 use crate::metrics::Metrics;
+use crate::outside::LeftSelector;
 use crate::server::Readiness;
 use crate::watched::Trimmed;
 
@@ -87,6 +89,18 @@ fn cached(event: watcher::Event<Trimmed>) -> Option<watcher::Event<DynamicObject
         }
         watcher::Event::Init => Some(watcher::Event::Init),
         watcher::Event::InitDone => Some(watcher::Event::InitDone),
+    }
+}
+
+/// A label-selected watch is sent a delete for a release that stops matching
+/// the selector; one still carrying the fence left the selector, not the
+/// cluster (a finalizer keeps a deleted release until it goes), and its fence
+/// is settled outside the watch (`crate::outside`).
+fn note_fence_leaving(event: &watcher::Event<Trimmed>, left: &mpsc::UnboundedSender<LeftSelector>) {
+    if let watcher::Event::Delete(Trimmed(object)) = event
+        && ReleaseView::from_object(object).has_fence()
+    {
+        let _ = left.send((object.namespace().unwrap_or_default(), object.name_any()));
     }
 }
 
@@ -182,6 +196,16 @@ fn watcher_config(scope: &Scope) -> watcher::Config {
     }
 }
 
+/// What the watch tells the rest of the process.
+pub struct WatchReports {
+    /// Set ready once every watch has synced.
+    pub readiness: Readiness,
+    /// Every fenced release that left the label selector (`crate::outside`).
+    pub left_selector: mpsc::UnboundedSender<LeftSelector>,
+    /// The watch caches, for the gauges.
+    pub stores: tokio::sync::oneshot::Sender<Vec<Store<DynamicObject>>>,
+}
+
 /// Watches the HelmReleases in `scope` and reconciles those of interest
 /// until `shutdown` resolves; in-flight reconciles are then allowed to finish.
 /// One Controller per watched namespace (one for all when unscoped), sharing
@@ -191,10 +215,14 @@ pub async fn run(
     ctx: Arc<Context>,
     scope: Scope,
     concurrency: u16,
-    readiness: Readiness,
-    stores_out: tokio::sync::oneshot::Sender<Vec<Store<DynamicObject>>>,
+    reports: WatchReports,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) {
+    let WatchReports {
+        readiness,
+        left_selector,
+        stores: stores_out,
+    } = reports;
     let resource = helmrelease_resource();
     let shutdown = shutdown.boxed().shared();
     let mut stores = Vec::new();
@@ -205,7 +233,9 @@ pub async fn run(
         stores.push(store.clone());
         // Decoded straight into the trimmed form (see `watched`); only the
         // releases of interest reach the cache and the queue.
+        let left = left_selector.clone();
         let stream = watcher(api, watcher_config(&scope))
+            .inspect_ok(move |event| note_fence_leaving(event, &left))
             .try_filter_map(|event| std::future::ready(Ok(cached(event))))
             .default_backoff()
             .reflect(writer)

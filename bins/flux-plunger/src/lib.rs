@@ -4,6 +4,7 @@
 pub mod cli;
 pub mod controller;
 pub mod metrics;
+pub mod outside;
 pub mod process;
 pub mod run;
 pub mod server;

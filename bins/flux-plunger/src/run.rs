@@ -17,6 +17,7 @@ use tokio::sync::watch;
 use crate::cli::Args;
 use crate::controller::{self, Context};
 use crate::metrics::Metrics;
+use crate::outside;
 use crate::server::{self, Readiness};
 
 /// Why the controller stopped.
@@ -119,19 +120,47 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
             "dry run: decisions are logged, recorded as events and counted; nothing is written"
         );
     }
+    let install = args.lease.install();
+    // The fences of this install's outside its label selector are settled
+    // by a reconciler of their own, which lets go and never recovers.
+    let outside = Reconciler::new(client.clone(), events.clone(), timings)
+        .with_controls(Controls {
+            dry_run: args.dry_run,
+            rate_limit: None,
+            default_service_account: args.tenancy.default_service_account.clone(),
+        })
+        .with_install(install.clone())
+        .letting_go();
     let reconciler = Reconciler::new(client.clone(), events, timings)
         .with_controls(controls)
+        .with_install(install)
         .with_test_hooks_from_env();
     let ctx = Arc::new(Context::new(reconciler, metrics.clone()));
     let (stores_tx, stores_rx) = tokio::sync::oneshot::channel();
+    let mut outside_stop = stop_rx.clone();
+    let (left_selector_tx, left_selector_rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(outside::settle_fences_outside_selector(
+        client.clone(),
+        outside,
+        scope.clone(),
+        metrics.clone(),
+        timings.fence_recheck_interval,
+        left_selector_rx,
+        async move {
+            let _ = outside_stop.wait_for(|s| *s != Stop::Running).await;
+        },
+    ));
     let mut controller_stop = stop_rx.clone();
     let controller_task = tokio::spawn(controller::run(
         client,
         ctx,
         scope,
         args.concurrent,
-        readiness,
-        stores_tx,
+        controller::WatchReports {
+            readiness,
+            left_selector: left_selector_tx,
+            stores: stores_tx,
+        },
         async move {
             let _ = controller_stop.wait_for(|s| *s != Stop::Running).await;
         },

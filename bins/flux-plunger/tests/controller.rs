@@ -289,9 +289,14 @@ async fn a_scoped_controller_recovers_only_the_namespaces_and_labels_it_watches(
             r.request_uri
         );
         assert_ne!(r.name, "unlabelled", "{}", r.request_uri);
+        // A listing selects the scope's releases, or this install's own
+        // fences (which it settles wherever its selector no longer reaches).
         if r.name.is_empty() {
             assert!(
-                r.request_uri.contains("labelSelector=team%3Dpayments"),
+                r.request_uri.contains("labelSelector=team%3Dpayments")
+                    || r.request_uri.contains(
+                        "labelSelector=flux-plunger.cozystack.io%2Funinstall-fence%3Dheld"
+                    ),
                 "{}",
                 r.request_uri
             );
@@ -316,6 +321,137 @@ async fn a_scoped_controller_recovers_only_the_namespaces_and_labels_it_watches(
             1
         );
     }
+    Ok(())
+}
+
+/// Labels `name` with `labels` (a merge: `null` removes one).
+async fn label(ns: &TestNamespace, name: &str, labels: serde_json::Value) -> Result<()> {
+    ns.releases()
+        .patch(
+            name,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"metadata": {"labels": labels}})),
+        )
+        .await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_fence_on_a_release_relabelled_out_of_the_selector_is_dropped_by_the_install_that_set_it()
+-> Result<()> {
+    let _turn = testkit::cluster_wide_turn().await;
+    let client = control_plane().client().await?;
+    let ns = TestNamespace::create(&client, "scope-relabel").await?;
+    let hc = SimulatedHelmController::new(client.clone(), &ns.name);
+    // Another install side by side (same namespace, another selector) fenced
+    // this one while it was in its scope; it has since been labelled into
+    // this install's: the fence stays that install's to settle.
+    ns.create_release("theirs", json!({})).await?;
+    label(&ns, "theirs", json!({"team": "payments"})).await?;
+    hc.handle("theirs").await?;
+    ns.create_storage_secret("theirs", 1, "uninstalling")
+        .await?;
+    ns.mark_stuck("theirs").await?;
+    ns.apply_as_install("theirs", false, "tenant-b.flux-plunger")
+        .await?;
+    let offset = testkit::audit::mark();
+    // One recovery a minute: the first stuck release is recovered, the
+    // second waits for its turn under this install's fence.
+    let running = start(
+        guard::shared()?,
+        &[
+            "--leader-elect=false",
+            &format!("--watch-namespace={}", ns.name),
+            "--watch-label-selector=team=payments",
+            "--max-recoveries-per-minute=1",
+        ],
+        &[("POD_NAMESPACE", ns.name.as_str())],
+    )
+    .await?;
+    wait_ready(&running).await?;
+    let own = plunger::install::Install::from_lease(&ns.name, "flux-plunger");
+    for name in ["first", "waiting"] {
+        ns.create_release(name, json!({})).await?;
+        label(&ns, name, json!({"team": "payments"})).await?;
+        hc.handle(name).await?;
+        ns.create_storage_secret(name, 1, "uninstalling").await?;
+        ns.mark_stuck(name).await?;
+        if name == "first" {
+            eventually(
+                Duration::from_secs(30),
+                "the first is recovered",
+                || async {
+                    let view = ReleaseView::from_object(&ns.releases().get(name).await?);
+                    Ok(view.annotations.contains_key(PROCESSED_VERSION_ANNOTATION))
+                },
+            )
+            .await?;
+        }
+    }
+    eventually(
+        Duration::from_secs(30),
+        "the second waits for its turn under this install's fence",
+        || async {
+            let view = ReleaseView::from_object(&ns.releases().get("waiting").await?);
+            Ok(view.has_fence()
+                && !view.suspend
+                && view.fence_label.as_deref() == Some(own.fence_label_value()))
+        },
+    )
+    .await?;
+
+    // GitOps moves the waiting release to another team: the watch no longer
+    // sees it, and the install that fenced it drops the fence.
+    label(&ns, "waiting", json!({"team": "billing"})).await?;
+    eventually(
+        Duration::from_secs(20),
+        "the fence of the relabelled release is dropped",
+        || async {
+            let view = ReleaseView::from_object(&ns.releases().get("waiting").await?);
+            Ok(!view.has_fence() && !view.fence_labelled())
+        },
+    )
+    .await?;
+    let waiting = ReleaseView::from_object(&ns.releases().get("waiting").await?);
+    assert!(
+        !waiting.suspend
+            && !waiting
+                .annotations
+                .contains_key(PROCESSED_VERSION_ANNOTATION),
+        "outside the selector it is let go, never recovered: {waiting:?}"
+    );
+
+    // The other install's fence was read and left as it was: the controller
+    // wrote nothing to that release, though it is stuck in its scope.
+    let controller = guard::shared()?.controller_user();
+    let theirs_requests: Vec<_> = testkit::audit::read_since(offset)?
+        .into_iter()
+        .filter(|r| r.user == controller && r.resource() == "helmreleases" && r.name == "theirs")
+        .collect();
+    assert!(
+        theirs_requests.iter().any(|r| r.verb == "get"),
+        "the controller looked at it: {theirs_requests:?}"
+    );
+    assert!(
+        theirs_requests.iter().all(|r| r.verb == "get"),
+        "and only looked: {theirs_requests:?}"
+    );
+    let theirs = ReleaseView::from_object(&ns.releases().get("theirs").await?);
+    assert!(
+        theirs.has_fence() && theirs.fence_label.as_deref() == Some("tenant-b.flux-plunger"),
+        "{theirs:?}"
+    );
+    assert_eq!(
+        ns.secrets()
+            .list(&Default::default())
+            .await?
+            .items
+            .iter()
+            .filter(|s| s.metadata.name.as_deref() == Some("sh.helm.release.v1.theirs.v1"))
+            .count(),
+        1
+    );
+    testkit::strip_fences(&ns).await?;
     Ok(())
 }
 

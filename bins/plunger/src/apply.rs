@@ -19,9 +19,10 @@ use kube::api::{DynamicObject, Patch, PatchParams};
 use serde_json::{Value, json};
 
 use crate::history::HistorySnapshot;
+use crate::install::Install;
 use crate::names::{
-    FENCE_FINALIZER, FENCE_LABEL, FENCE_LABEL_VALUE, FIELD_MANAGER, HELMRELEASE_API_VERSION,
-    HELMRELEASE_KIND, PROCESSED_BELOW_UID_ANNOTATION, PROCESSED_VERSION_ANNOTATION,
+    FENCE_FINALIZER, FENCE_LABEL, FIELD_MANAGER, HELMRELEASE_API_VERSION, HELMRELEASE_KIND,
+    PROCESSED_BELOW_UID_ANNOTATION, PROCESSED_VERSION_ANNOTATION,
     RECONCILE_REQUESTED_AT_ANNOTATION, SHARED_FIELD_MANAGER,
 };
 use crate::release::api::helmreleases;
@@ -54,8 +55,8 @@ impl Claim {
     };
 }
 
-/// The body of our apply for `release` as read.
-pub fn apply_body(release: &ReleaseView, claim: Claim) -> Value {
+/// The body of `install`'s apply for `release` as read.
+pub fn apply_body(release: &ReleaseView, claim: Claim, install: &Install) -> Value {
     let mut body = json!({
         "apiVersion": HELMRELEASE_API_VERSION,
         "kind": HELMRELEASE_KIND,
@@ -68,7 +69,7 @@ pub fn apply_body(release: &ReleaseView, claim: Claim) -> Value {
     });
     if claim.fence {
         body["metadata"]["finalizers"] = json!([FENCE_FINALIZER]);
-        body["metadata"]["labels"] = json!({ FENCE_LABEL: FENCE_LABEL_VALUE });
+        body["metadata"]["labels"] = json!({ FENCE_LABEL: install.fence_label_value() });
     }
     if claim.suspend {
         body["spec"] = json!({ "suspend": true });
@@ -76,13 +77,14 @@ pub fn apply_body(release: &ReleaseView, claim: Claim) -> Value {
     body
 }
 
-/// Applies `claim` to the release as read, as manager `flux-plunger`.
-/// `force` only for the acquire's second try (SPEC §4.8).
+/// Applies `install`'s `claim` to the release as read, as manager
+/// `flux-plunger`. `force` only for the acquire's second try (SPEC §4.8).
 pub async fn apply(
     client: &Client,
     release: &ReleaseView,
     claim: Claim,
     force: bool,
+    install: &Install,
 ) -> kube::Result<DynamicObject> {
     let mut params = PatchParams::apply(FIELD_MANAGER);
     if force {
@@ -92,7 +94,7 @@ pub async fn apply(
         .patch(
             &release.name,
             &params,
-            &Patch::Apply(apply_body(release, claim)),
+            &Patch::Apply(apply_body(release, claim, install)),
         )
         .await
 }
@@ -285,7 +287,8 @@ mod tests {
 
     #[test]
     fn the_acquire_body_holds_only_identity_preconditions_suspend_and_fence() {
-        let body = apply_body(&release(), Claim::SUSPEND_AND_FENCE);
+        let install = Install::from_lease("flux-system", "flux-plunger");
+        let body = apply_body(&release(), Claim::SUSPEND_AND_FENCE, &install);
         assert_eq!(
             body,
             json!({
@@ -295,7 +298,7 @@ mod tests {
                     "name": "web", "namespace": "apps",
                     "resourceVersion": "42", "uid": "u-1",
                     "finalizers": ["flux-plunger.cozystack.io/uninstall-fence"],
-                    "labels": {"flux-plunger.cozystack.io/uninstall-fence": "held"},
+                    "labels": {"flux-plunger.cozystack.io/uninstall-fence": "flux-system.flux-plunger"},
                 },
                 "spec": {"suspend": true},
             })
@@ -304,18 +307,15 @@ mod tests {
 
     #[test]
     fn keeping_only_the_fence_leaves_spec_out_entirely() {
-        let body = apply_body(&release(), Claim::FENCE_ONLY);
+        let body = apply_body(&release(), Claim::FENCE_ONLY, &Install::legacy());
         assert!(body.get("spec").is_none());
         assert_eq!(body["metadata"]["finalizers"], json!([FENCE_FINALIZER]));
-        assert_eq!(
-            body["metadata"]["labels"],
-            json!({FENCE_LABEL: FENCE_LABEL_VALUE})
-        );
+        assert_eq!(body["metadata"]["labels"], json!({FENCE_LABEL: "held"}));
     }
 
     #[test]
     fn giving_everything_up_sends_identity_and_preconditions_alone() {
-        let body = apply_body(&release(), Claim::NOTHING);
+        let body = apply_body(&release(), Claim::NOTHING, &Install::legacy());
         assert!(body.get("spec").is_none());
         assert!(body["metadata"].get("finalizers").is_none());
         assert!(body["metadata"].get("labels").is_none());

@@ -180,6 +180,22 @@ impl LeaseArgs {
             })
     }
 
+    /// The install these flags belong to, named by its Lease (SPEC §3: the
+    /// value of the fence's label); without a Lease namespace, the value
+    /// every install wrote before the label named one.
+    pub fn install(&self) -> crate::install::Install {
+        match self
+            .leader_election_namespace
+            .as_deref()
+            .filter(|n| !n.is_empty())
+        {
+            Some(namespace) => {
+                crate::install::Install::from_lease(namespace, &self.leader_election_lease_name)
+            }
+            None => crate::install::Install::legacy(),
+        }
+    }
+
     /// The holder identity: the pod name, else the hostname.
     pub fn identity(&self) -> String {
         self.pod_name

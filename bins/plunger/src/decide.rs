@@ -6,6 +6,7 @@
 use std::time::Duration;
 
 use crate::history::HistorySnapshot;
+pub use crate::install::FenceHolder;
 use crate::notices::{self, AfterRecovery, EventSpec};
 use crate::release::view::{ProcessedVersion, ReleaseView};
 use crate::storage::view::StorageRevision;
@@ -127,6 +128,10 @@ pub struct Clock {
     /// (SPEC §4.5): the controller's passes; the drain lets go of every
     /// live release instead, as its pod is going away.
     pub holds_waiting_releases: bool,
+    /// Whose the release's fence is, by its label (SPEC §3): another
+    /// install's is left to that install; one this install keeps is
+    /// labelled as its own.
+    pub fence_holder: FenceHolder,
 }
 
 /// SPEC §4 steps 2-5 and §5: the decision for one fresh read of a release.
@@ -146,6 +151,11 @@ pub fn decide_with_storage(
 }
 
 fn decide_from(release: &ReleaseView, storage: Option<&StorageFacts>, clock: &Clock) -> Decision {
+    if release.has_fence() && clock.fence_holder == FenceHolder::AnotherInstall {
+        // SPEC §3: another install fenced it, and settles it wherever the
+        // release is now; its suspension, if any, came with that fence.
+        return Decision::Nothing { event: None };
+    }
     if release.terminating {
         return decide_terminating(release, storage, clock);
     }
@@ -390,7 +400,7 @@ fn hold(release: &ReleaseView, clock: &Clock) -> Decision {
     Decision::HoldFence {
         recheck: clock.fence_recheck_interval,
         event,
-        label_fence: !release.fence_labelled,
+        label_fence: clock.fence_holder != FenceHolder::ThisInstall,
     }
 }
 
@@ -560,7 +570,7 @@ pub fn fence_left_after_give_up(written: &ReleaseView) -> LetGo {
     let fence_indices = written.fence_indices();
     LetGo {
         lift_suspension: false,
-        remove_label: written.fence_labelled && !fence_indices.is_empty(),
+        remove_label: written.fence_labelled() && !fence_indices.is_empty(),
         fence_indices,
     }
 }
@@ -580,7 +590,7 @@ pub fn let_go_without_apply(release: &ReleaseView, keep_fence: bool) -> LetGo {
     };
     LetGo {
         lift_suspension: release.suspend && release.suspend_owned_by_us_alone(),
-        remove_label: release.fence_labelled && !fence_indices.is_empty(),
+        remove_label: release.fence_labelled() && !fence_indices.is_empty(),
         fence_indices,
     }
 }

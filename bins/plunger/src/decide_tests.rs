@@ -7,7 +7,10 @@ use serde_json::json;
 
 use super::*;
 use crate::history::HistorySnapshot;
-use crate::names::{FENCE_FINALIZER, HELM_CONTROLLER_FINALIZER, PROCESSED_VERSION_ANNOTATION};
+use crate::names::{
+    FENCE_FINALIZER, HELM_CONTROLLER_FINALIZER, LEGACY_FENCE_LABEL_VALUE,
+    PROCESSED_VERSION_ANNOTATION,
+};
 use crate::release::view::{ReadyCondition, ReleasedCondition};
 
 const MINUTE: Duration = Duration::from_secs(60);
@@ -72,7 +75,7 @@ fn fenced(r: ReleaseView) -> ReleaseView {
 /// The fence put there by `manager` (a client-side create is an `Update`).
 fn fenced_by(mut r: ReleaseView, manager: &str, operation: &str) -> ReleaseView {
     r.finalizers.push(FENCE_FINALIZER.into());
-    r.fence_labelled = true;
+    r.fence_label = Some(LEGACY_FENCE_LABEL_VALUE.to_owned());
     r.managed_fields.push(ManagedFieldsEntry {
         manager: Some(manager.into()),
         operation: Some(operation.into()),
@@ -103,6 +106,15 @@ fn clock() -> Clock {
         fence_held_warning_after: 10 * MINUTE,
         storage_failing_for: None,
         holds_waiting_releases: true,
+        fence_holder: FenceHolder::ThisInstall,
+    }
+}
+
+/// As decided by an install whose fence's label the release does not carry.
+fn fence_labelled_as(holder: FenceHolder) -> Clock {
+    Clock {
+        fence_holder: holder,
+        ..clock()
     }
 }
 
@@ -425,14 +437,63 @@ fn the_fence_stays_while_helm_controller_still_holds_its_finalizer() {
 #[test]
 fn a_held_fence_an_older_flux_plunger_set_without_its_label_gets_the_label() {
     let mut r = terminating(fenced(release()));
-    r.fence_labelled = false;
+    r.fence_label = None;
     assert_eq!(
-        decide(&r, &clock()),
+        decide(&r, &fence_labelled_as(FenceHolder::Unlabelled)),
         Decision::HoldFence {
             recheck: MINUTE,
             event: None,
             label_fence: true,
         }
+    );
+}
+
+#[test]
+fn a_held_fence_labelled_before_the_label_named_an_install_is_labelled_as_this_ones() {
+    let r = terminating(fenced(release()));
+    assert_eq!(
+        decide(&r, &fence_labelled_as(FenceHolder::Legacy)),
+        Decision::HoldFence {
+            recheck: MINUTE,
+            event: None,
+            label_fence: true,
+        }
+    );
+}
+
+#[test]
+fn another_installs_fence_is_left_to_that_install_whatever_the_release_needs() {
+    let other = fence_labelled_as(FenceHolder::AnotherInstall);
+    // Stuck and waiting for its recovery: not started here.
+    assert_eq!(
+        decide(&fenced(stuck(release())), &other),
+        Decision::Nothing { event: None }
+    );
+    // Under a suspension of flux-plunger's manager, which came with that
+    // install's fence: not lifted here.
+    let suspended = ours(fenced(stuck(release())));
+    assert_eq!(
+        decide(&suspended, &other),
+        Decision::Nothing { event: None }
+    );
+    assert_eq!(
+        decide(&terminating(suspended), &other),
+        Decision::Nothing { event: None }
+    );
+    // Deleted with the fence: neither held, handed over nor let go here.
+    assert_eq!(
+        decide(&terminating(fenced(release())), &other),
+        Decision::Nothing { event: None }
+    );
+}
+
+#[test]
+fn another_installs_label_without_its_fence_stops_nothing() {
+    let mut r = stuck(release());
+    r.fence_label = Some("tenant-b.flux-plunger".into());
+    assert_eq!(
+        decide(&r, &fence_labelled_as(FenceHolder::AnotherInstall)),
+        Decision::InspectStorage
     );
 }
 
@@ -1045,7 +1106,7 @@ fn a_fence_still_listed_after_our_give_up_is_removed_at_every_index() {
             remove_label: false,
         }
     );
-    written.fence_labelled = true;
+    written.fence_label = Some(LEGACY_FENCE_LABEL_VALUE.to_owned());
     assert!(
         fence_left_after_give_up(&written).remove_label,
         "the label goes with the last copy"

@@ -128,7 +128,12 @@ pub async fn drain(
             ClaimState::Lost => break Ending::LeaseLost,
             ClaimState::Lapsed => break Ending::Deadline,
         }
-        let fenced = match tokio::time::timeout_at(until.into(), list_fenced(client, scope)).await {
+        let fenced = match tokio::time::timeout_at(
+            until.into(),
+            list_fenced(client, scope, reconciler.install()),
+        )
+        .await
+        {
             Err(_) => break Ending::Deadline,
             Ok(Err(err)) => {
                 report.failed_listings += 1;

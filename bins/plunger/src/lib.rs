@@ -11,6 +11,7 @@ pub mod drain;
 pub mod error;
 pub mod events;
 pub mod history;
+pub mod install;
 pub mod lease;
 pub mod names;
 pub mod notices;

@@ -19,10 +19,13 @@ pub const FENCE_FINALIZER: &str = "flux-plunger.cozystack.io/uninstall-fence";
 /// A label that goes with the fence: written in the same apply as the fence
 /// and given up with it, so that the drain and the pre-delete hook find the
 /// fenced releases by a label selector instead of reading every HelmRelease
-/// (finalizers cannot be selected server-side). Its value is [`FENCE_LABEL_VALUE`].
+/// (finalizers cannot be selected server-side). Its value names the install
+/// that set the fence (`crate::install::Install`).
 pub const FENCE_LABEL: &str = "flux-plunger.cozystack.io/uninstall-fence";
-/// The value of [`FENCE_LABEL`].
-pub const FENCE_LABEL_VALUE: &str = "held";
+/// The value of [`FENCE_LABEL`] every install wrote before the value named
+/// one (and the original never wrote a label): such a fence is settled by
+/// whichever install's scope holds the release.
+pub const LEGACY_FENCE_LABEL_VALUE: &str = "held";
 /// helm-controller's own finalizer; its removal means helm-controller has
 /// finished handling the delete.
 pub const HELM_CONTROLLER_FINALIZER: &str = "finalizers.fluxcd.io";

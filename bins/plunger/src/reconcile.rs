@@ -19,6 +19,7 @@ use crate::error::{
     Error, describe, is_api_code, is_failed_guard, is_field_manager_conflict, is_stale_write,
 };
 use crate::events::Events;
+use crate::install::Install;
 use crate::names::PATCH_FIELD_MANAGER;
 use crate::notices::{self, AfterRecovery};
 use crate::release::api::helmreleases;
@@ -155,6 +156,9 @@ pub struct Reconciler {
     /// being deleted has failed on every try, by uid ([`decide::storage_given_up`]).
     storage_failures: Mutex<HashMap<String, StorageFailure>>,
     controls: Controls,
+    /// The install whose fences these are (SPEC §3): what its fence's label
+    /// says, and which labelled fences it leaves to another install.
+    install: Install,
     /// Whose passes these are: see [`Reconciler::letting_go`].
     holds_waiting_releases: bool,
     #[cfg(feature = "test-hooks")]
@@ -170,6 +174,7 @@ impl Reconciler {
             fence_warnings: Mutex::new(HashMap::new()),
             storage_failures: Mutex::new(HashMap::new()),
             controls: Controls::default(),
+            install: Install::default(),
             holds_waiting_releases: true,
             #[cfg(feature = "test-hooks")]
             hooks: TestHooks::default(),
@@ -196,6 +201,17 @@ impl Reconciler {
         }
         #[cfg(not(feature = "test-hooks"))]
         self
+    }
+
+    /// The same reconciler, writing and settling `install`'s fences.
+    pub fn with_install(mut self, install: Install) -> Self {
+        self.install = install;
+        self
+    }
+
+    /// The install whose fences this reconciler writes and settles.
+    pub fn install(&self) -> &Install {
+        &self.install
     }
 
     /// The same reconciler under the operator's controls.
@@ -456,6 +472,7 @@ impl Reconciler {
             fence_held_warning_after: self.timings.fence_held_warning_after,
             storage_failing_for,
             holds_waiting_releases: self.holds_waiting_releases,
+            fence_holder: self.install.fence_holder(release),
         }
     }
 
@@ -513,12 +530,18 @@ impl Reconciler {
             } => {
                 let mut held = release.clone();
                 if label_fence && !self.controls.dry_run {
-                    let object = apply::apply(&self.client, release, Claim::FENCE_ONLY, false)
-                        .await
-                        .map_err(|source| Error::LabelFence {
-                            key: release.key(),
-                            source,
-                        })?;
+                    let object = apply::apply(
+                        &self.client,
+                        release,
+                        Claim::FENCE_ONLY,
+                        false,
+                        &self.install,
+                    )
+                    .await
+                    .map_err(|source| Error::LabelFence {
+                        key: release.key(),
+                        source,
+                    })?;
                     held = self.view(&object);
                     tracing::info!(release = %release.key(), "labelled an uninstall fence an older flux-plunger set");
                 }
@@ -700,7 +723,7 @@ impl Reconciler {
         } else {
             Claim::NOTHING
         };
-        let written = match apply::apply(&self.client, release, claim, false).await {
+        let written = match apply::apply(&self.client, release, claim, false, &self.install).await {
             Ok(object) => self.view(&object),
             Err(err) if is_field_manager_conflict(&err) => {
                 let let_go = decide::let_go_without_apply(release, keep_fence);
@@ -885,12 +908,18 @@ impl Reconciler {
         if release.has_fence() || self.controls.dry_run {
             return Ok(());
         }
-        apply::apply(&self.client, release, Claim::FENCE_ONLY, false)
-            .await
-            .map_err(|source| Error::FenceWhileWaiting {
-                key: release.key(),
-                source,
-            })?;
+        apply::apply(
+            &self.client,
+            release,
+            Claim::FENCE_ONLY,
+            false,
+            &self.install,
+        )
+        .await
+        .map_err(|source| Error::FenceWhileWaiting {
+            key: release.key(),
+            source,
+        })?;
         tracing::info!(release = %release.key(), "fenced the stuck release while its recovery waits");
         Ok(())
     }
@@ -919,7 +948,7 @@ impl Reconciler {
             source,
         };
         self.pause_at_step(Step::BeforeAcquire).await;
-        match apply::apply(&self.client, planned, claim, false).await {
+        match apply::apply(&self.client, planned, claim, false, &self.install).await {
             Ok(object) => return Ok(Acquisition::Held(Box::new(self.view(&object)))),
             Err(err) if is_api_code(&err, 409) => {}
             Err(err) => return Err(acquire_error(err)),
@@ -931,7 +960,7 @@ impl Reconciler {
             return Ok(refused);
         }
         self.pause_at_step(Step::BeforeForcedAcquire).await;
-        match apply::apply(&self.client, &again, claim, true).await {
+        match apply::apply(&self.client, &again, claim, true, &self.install).await {
             Ok(object) => Ok(Acquisition::Held(Box::new(self.view(&object)))),
             // What the release is now decides, not the 409: somebody's
             // suspension or a delete defers (their end wakes the watch); a

@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Result;
 use kube::api::{DeleteParams, Patch, PatchParams};
+use plunger::install::Install;
 use plunger::names::{
     FENCE_FINALIZER, FIELD_MANAGER, HELM_CONTROLLER_FINALIZER, HELMRELEASE_API_VERSION,
     HELMRELEASE_KIND,
@@ -264,6 +265,7 @@ async fn a_hook_whose_apiserver_never_answers_ends_at_its_window_plus_the_finish
         pod_selector: "app.kubernetes.io/name=flux-plunger".into(),
         lease: "flux-plunger".into(),
         scope: Scope::default(),
+        install: Install::legacy(),
         retry_window: Duration::from_secs(1),
         pod_wait: Duration::from_secs(100),
         finish_margin: Duration::from_secs(2),
@@ -301,7 +303,7 @@ async fn the_hook_finds_labelled_fences_and_older_unlabelled_ones_and_releases_t
     ns.create_release("free", json!({})).await?;
 
     let mut found: Vec<String> =
-        plunger::release::api::list_every_fence(&ns.client, &Scope::default())
+        plunger::release::api::list_every_fence(&ns.client, &Scope::default(), &Install::legacy())
             .await?
             .into_iter()
             .filter(|r| r.namespace == ns.name)
@@ -311,7 +313,7 @@ async fn the_hook_finds_labelled_fences_and_older_unlabelled_ones_and_releases_t
     assert_eq!(found, ["labelled", "older"]);
 
     let labelled = view(&ns, "labelled").await?;
-    assert!(labelled.fence_labelled);
+    assert!(labelled.fence_labelled());
     release_with_retry(
         &ns.client,
         labelled,
@@ -322,8 +324,63 @@ async fn the_hook_finds_labelled_fences_and_older_unlabelled_ones_and_releases_t
     .await?;
     let after = view(&ns, "labelled").await?;
     assert!(
-        !after.has_fence() && !after.fence_labelled && !after.suspend,
+        !after.has_fence() && !after.fence_labelled() && !after.suspend,
         "{after:?}"
     );
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_hook_lists_its_own_fences_outside_its_selector_and_never_another_installs()
+-> Result<()> {
+    let ns = namespace("sweep-own").await?;
+    let own = Install::from_lease("flux-system", "flux-plunger-a");
+    let labelled = |name: &'static str, tenant: &'static str| {
+        let ns = &ns;
+        async move {
+            ns.releases()
+                .patch(
+                    name,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"metadata": {"labels": {"tenant": tenant}}})),
+                )
+                .await
+        }
+    };
+    // Fenced by this install, then relabelled out of its selector.
+    ns.create_release("relabelled", json!({})).await?;
+    ns.apply_as_install("relabelled", true, own.fence_label_value())
+        .await?;
+    labelled("relabelled", "b").await?;
+    // Fenced by this install, in its selector.
+    ns.create_release("in-scope", json!({})).await?;
+    ns.apply_as_install("in-scope", false, own.fence_label_value())
+        .await?;
+    labelled("in-scope", "a").await?;
+    // Fenced before the label named an install: this install's only in its scope.
+    ns.create_release("legacy-in", json!({})).await?;
+    ns.apply_as_flux_plunger("legacy-in", false).await?;
+    labelled("legacy-in", "a").await?;
+    ns.create_release("legacy-out", json!({})).await?;
+    ns.apply_as_flux_plunger("legacy-out", false).await?;
+    // In its selector, fenced by another install side by side.
+    ns.create_release("theirs", json!({})).await?;
+    ns.apply_as_install("theirs", true, "flux-system.flux-plunger-b")
+        .await?;
+    labelled("theirs", "a").await?;
+    let scope = Scope {
+        namespaces: vec![ns.name.clone()],
+        label_selector: Some("tenant=a".into()),
+    };
+
+    let mut found: Vec<String> = plunger::release::api::list_every_fence(&ns.client, &scope, &own)
+        .await?
+        .into_iter()
+        .map(|r| r.name)
+        .collect();
+    found.sort();
+    testkit::strip_fences(&ns).await?;
+
+    assert_eq!(found, ["in-scope", "legacy-in", "relabelled"]);
     Ok(())
 }

@@ -161,6 +161,19 @@ impl TestNamespace {
         self.apply_fence(name, fence_body(name, suspend)).await
     }
 
+    /// The same write by the install whose fence label value is
+    /// `label_value` (`plunger::install::Install`).
+    pub async fn apply_as_install(
+        &self,
+        name: &str,
+        suspend: bool,
+        label_value: &str,
+    ) -> Result<DynamicObject> {
+        let mut body = fence_body(name, suspend);
+        body["metadata"]["labels"] = json!({ names::FENCE_LABEL: label_value });
+        self.apply_fence(name, body).await
+    }
+
     /// The same write by an older flux-plunger, which set the fence without
     /// its label.
     pub async fn apply_as_older_flux_plunger(
@@ -510,7 +523,7 @@ where
 pub fn fence_body(name: &str, suspend: bool) -> Value {
     let mut body = json!({"apiVersion": names::HELMRELEASE_API_VERSION, "kind": names::HELMRELEASE_KIND,
         "metadata": {"name": name, "finalizers": [names::FENCE_FINALIZER],
-            "labels": {names::FENCE_LABEL: names::FENCE_LABEL_VALUE}}});
+            "labels": {names::FENCE_LABEL: names::LEGACY_FENCE_LABEL_VALUE}}});
     if suspend {
         body["spec"] = json!({"suspend": true});
     }

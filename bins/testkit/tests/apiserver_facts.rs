@@ -5,8 +5,8 @@
 use anyhow::Result;
 use kube::api::{DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
 use plunger::names::{
-    FENCE_FINALIZER, FENCE_LABEL, FENCE_LABEL_VALUE, FIELD_MANAGER, HELMRELEASE_API_VERSION,
-    HELMRELEASE_KIND,
+    FENCE_FINALIZER, FENCE_LABEL, FIELD_MANAGER, HELMRELEASE_API_VERSION, HELMRELEASE_KIND,
+    LEGACY_FENCE_LABEL_VALUE,
 };
 use plunger::release::view::ReleaseView;
 use serde_json::{Value, json};
@@ -32,7 +32,7 @@ fn apply_body(obj: &DynamicObject, suspend: Option<bool>, fence: bool) -> Value 
     });
     if fence {
         body["metadata"]["finalizers"] = json!([FENCE_FINALIZER]);
-        body["metadata"]["labels"] = json!({ FENCE_LABEL: FENCE_LABEL_VALUE });
+        body["metadata"]["labels"] = json!({ FENCE_LABEL: LEGACY_FENCE_LABEL_VALUE });
     }
     if let Some(suspend) = suspend {
         body["spec"] = json!({ "suspend": suspend });

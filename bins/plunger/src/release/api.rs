@@ -5,6 +5,9 @@
 use kube::Client;
 use kube::api::DynamicObject;
 
+use std::collections::HashSet;
+
+use crate::install::{FenceHolder, Install};
 use crate::names::{FENCE_FINALIZER, FENCE_LABEL};
 use crate::release::listed::ListedRelease;
 use crate::release::view::{ReleaseView, helmrelease_resource};
@@ -45,16 +48,83 @@ pub async fn list_labelled_fences<T>(
     list_in_pages(client, &scope.narrowed(FENCE_LABEL), LIST_PAGE_SIZE, keep).await
 }
 
-/// The fenced releases in `scope`, selected by the fence's label (finalizers
-/// cannot be selected server-side). A fence an older flux-plunger set without
-/// the label is not listed here: the controller labels every fence it keeps
-/// as soon as it reconciles the release, and the pre-delete hook lists them
-/// too ([`list_every_fence`]).
-pub async fn list_fenced(client: &Client, scope: &Scope) -> kube::Result<Vec<ReleaseView>> {
-    list_labelled_fences(client, scope, |release| {
+/// The fenced releases `install` settles (SPEC §3, §6), selected by the
+/// fence's label (finalizers cannot be selected server-side): its own
+/// wherever they are in its namespaces, its label selector matching them or
+/// not any more (a relabelled release, a narrowed selector); and, in its
+/// scope, those fenced before the label named an install. Another install's
+/// fence is not listed. A fence an older flux-plunger set without the label
+/// is not listed either: the controller labels every fence it keeps as soon
+/// as it reconciles the release, and the pre-delete hook lists them too
+/// ([`list_every_fence`]).
+pub async fn list_fenced(
+    client: &Client,
+    scope: &Scope,
+    install: &Install,
+) -> kube::Result<Vec<ReleaseView>> {
+    let settled_here = |release: ReleaseView| {
+        (release.has_fence()
+            && matches!(
+                install.fence_holder(&release),
+                FenceHolder::ThisInstall | FenceHolder::Legacy
+            ))
+        .then_some(release)
+    };
+    let mut fenced = list_labelled_fences(client, scope, settled_here).await?;
+    if scope.label_selector.is_some() {
+        let listed: HashSet<String> = fenced.iter().map(|r| r.uid.clone()).collect();
+        let own = own_fences(scope, install);
+        fenced.extend(
+            list_in_pages(client, &own, LIST_PAGE_SIZE, |release| {
+                (release.has_fence() && !listed.contains(&release.uid)).then_some(release)
+            })
+            .await?,
+        );
+    }
+    Ok(fenced)
+}
+
+/// The releases `install` fenced that its scope's label selector no longer
+/// matches (relabelled since, or the selector narrowed), in its namespaces:
+/// the controller's watch no longer sees them, and nobody else settles them
+/// (SPEC §3). One listing while there are none; a second, of its own fences
+/// in its scope, to tell them apart when there are.
+pub async fn list_own_fences_outside_selector(
+    client: &Client,
+    scope: &Scope,
+    install: &Install,
+) -> kube::Result<Vec<ReleaseView>> {
+    let Some(selector) = &scope.label_selector else {
+        return Ok(Vec::new());
+    };
+    let own = own_fences(scope, install);
+    let everywhere = list_in_pages(client, &own, LIST_PAGE_SIZE, |release| {
         release.has_fence().then_some(release)
     })
-    .await
+    .await?;
+    if everywhere.is_empty() {
+        return Ok(everywhere);
+    }
+    let in_scope = own.narrowed(selector);
+    let matched: HashSet<String> = list_in_pages(client, &in_scope, LIST_PAGE_SIZE, |release| {
+        Some(release.uid)
+    })
+    .await?
+    .into_iter()
+    .collect();
+    Ok(everywhere
+        .into_iter()
+        .filter(|release| !matched.contains(&release.uid))
+        .collect())
+}
+
+/// The releases carrying `install`'s fence label, in the namespaces of
+/// `scope` whatever its label selector.
+pub fn own_fences(scope: &Scope, install: &Install) -> Scope {
+    Scope {
+        namespaces: scope.namespaces.clone(),
+        label_selector: Some(format!("{FENCE_LABEL}={}", install.fence_label_value())),
+    }
 }
 
 /// [`list_all`] with pages of `page_size` releases (tests use small pages).
@@ -121,12 +191,15 @@ pub async fn list_unlabelled_fences(
     Ok(found)
 }
 
-/// Every fenced HelmRelease in `scope`: those with the fence's label,
-/// selected by the apiserver, and those an older flux-plunger fenced without
+/// Every fenced HelmRelease `install` settles: those of [`list_fenced`], and those an older flux-plunger fenced without
 /// the label, found in one listing of the metadata of the releases without it
 /// and read whole one by one (the plan needs their spec and managedFields).
-pub async fn list_every_fence(client: &Client, scope: &Scope) -> kube::Result<Vec<ReleaseView>> {
-    let mut fenced = list_fenced(client, scope).await?;
+pub async fn list_every_fence(
+    client: &Client,
+    scope: &Scope,
+    install: &Install,
+) -> kube::Result<Vec<ReleaseView>> {
+    let mut fenced = list_fenced(client, scope, install).await?;
     for (namespace, name) in list_unlabelled_fences(client, scope).await? {
         if let Some(object) = helmreleases(client.clone(), &namespace)
             .get_opt(&name)

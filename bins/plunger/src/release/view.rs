@@ -41,8 +41,9 @@ pub struct ReleaseView {
     /// When the delete was requested (`metadata.deletionTimestamp`).
     pub deleted_at: Option<k8s_openapi::jiff::Timestamp>,
     pub finalizers: Vec<String>,
-    /// The fence's label ([`FENCE_LABEL`]) is on the release.
-    pub fence_labelled: bool,
+    /// The value of the fence's label ([`FENCE_LABEL`]): which install set
+    /// the fence (`crate::install`).
+    pub fence_label: Option<String>,
     pub annotations: BTreeMap<String, String>,
     pub managed_fields: Vec<ManagedFieldsEntry>,
     /// `spec.suspend`; absent counts as `false`, as helm-controller reads it.
@@ -159,10 +160,11 @@ impl ReleaseView {
             terminating: meta.deletion_timestamp.is_some(),
             deleted_at: meta.deletion_timestamp.as_ref().map(|t| t.0),
             finalizers: meta.finalizers.clone().unwrap_or_default(),
-            fence_labelled: meta
+            fence_label: meta
                 .labels
                 .as_ref()
-                .is_some_and(|labels| labels.contains_key(FENCE_LABEL)),
+                .and_then(|labels| labels.get(FENCE_LABEL))
+                .cloned(),
             annotations: meta.annotations.clone().unwrap_or_default(),
             managed_fields: meta.managed_fields.clone().unwrap_or_default(),
             suspend,
@@ -249,6 +251,11 @@ impl ReleaseView {
                 .managed_fields
                 .iter()
                 .any(|entry| !is_apply_of(entry, FIELD_MANAGER) && owns_suspend(entry))
+    }
+
+    /// The fence's label is on the release, whatever install it names.
+    pub fn fence_labelled(&self) -> bool {
+        self.fence_label.is_some()
     }
 
     pub fn has_fence(&self) -> bool {

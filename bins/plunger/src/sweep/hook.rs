@@ -14,6 +14,7 @@ use kube::{Client, ResourceExt};
 use serde_json::json;
 
 use crate::error::describe;
+use crate::install::Install;
 use crate::names::SWEEP_FIELD_MANAGER;
 use crate::release::api::list_every_fence;
 use crate::release::view::ReleaseView;
@@ -39,6 +40,9 @@ pub struct HookConfig {
     /// The releases whose fences this install's hook releases: the
     /// controller's scope.
     pub scope: Scope,
+    /// The install whose fences these are: its own are released wherever
+    /// they are in the scope's namespaces, another install's never.
+    pub install: Install,
     /// Retries of every step end here (the hook's retry window).
     pub retry_window: Duration,
     /// How long to wait for the pods after scaling down.
@@ -207,12 +211,12 @@ impl Hook<'_> {
         }
     }
 
-    /// Lets go of every fence in the install's scope, then sums up.
+    /// Lets go of every fence of the install's, then sums up.
     async fn release_all(&mut self) -> Result<(), Untouched> {
         let (client, budget) = (self.client, self.budget);
-        let scope = &self.config.scope;
+        let (scope, install) = (&self.config.scope, &self.config.install);
         let fenced = match retry(budget, "listing fenced HelmReleases", || {
-            list_every_fence(client, scope)
+            list_every_fence(client, scope, install)
         })
         .await
         {
@@ -260,7 +264,11 @@ impl Hook<'_> {
     async fn recheck(&mut self) -> bool {
         match self
             .budget
-            .bounded(list_every_fence(self.client, &self.config.scope))
+            .bounded(list_every_fence(
+                self.client,
+                &self.config.scope,
+                &self.config.install,
+            ))
             .await
         {
             Ok(again) if again.is_empty() => false,

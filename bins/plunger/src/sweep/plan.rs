@@ -91,6 +91,8 @@ pub struct Row {
     pub suspension: Suspension,
     pub terminating: bool,
     pub uninstall_reached: bool,
+    /// The install the fence's label names (SPEC §3), if it has one.
+    pub fenced_by: Option<String>,
 }
 
 /// Whether `list` shows a release: it carries the fence, a suspension
@@ -110,6 +112,7 @@ pub fn row_of(release: &ReleaseView) -> Option<Row> {
         suspension,
         terminating: release.terminating,
         uninstall_reached: release.delete_handled_by_helm_controller(),
+        fenced_by: release.fence_label.clone(),
     })
 }
 
@@ -174,7 +177,7 @@ impl Budget {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::names::{FENCE_FINALIZER, PROCESSED_VERSION_ANNOTATION};
+    use crate::names::{FENCE_FINALIZER, LEGACY_FENCE_LABEL_VALUE, PROCESSED_VERSION_ANNOTATION};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{FieldsV1, ManagedFieldsEntry};
     use serde_json::json;
 
@@ -301,7 +304,7 @@ mod tests {
     #[test]
     fn the_fence_s_label_goes_with_the_fence() {
         let mut r = release(&[], &[FENCE_FINALIZER]);
-        r.fence_labelled = true;
+        r.fence_label = Some(LEGACY_FENCE_LABEL_VALUE.to_owned());
         assert!(ReleasePlan::of(&r).remove_label);
         r.finalizers.clear();
         assert!(

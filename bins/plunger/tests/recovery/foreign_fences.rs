@@ -159,9 +159,15 @@ async fn a_fence_listed_twice_on_a_deleted_release_lets_the_suspension_go_and_ke
     // What the apiserver does with it: the apply that keeps the fence and
     // lifts the suspension is refused, another manager owning a copy.
     let view = w.view("web").await?;
-    let refused = plunger::apply::apply(&w.client, &view, plunger::apply::Claim::FENCE_ONLY, false)
-        .await
-        .expect_err("the fence listed twice refuses the apply");
+    let refused = plunger::apply::apply(
+        &w.client,
+        &view,
+        plunger::apply::Claim::FENCE_ONLY,
+        false,
+        &plunger::install::Install::legacy(),
+    )
+    .await
+    .expect_err("the fence listed twice refuses the apply");
     assert!(
         plunger::error::is_field_manager_conflict(&refused),
         "{refused}"

@@ -364,9 +364,12 @@ async fn a_fence_an_older_flux_plunger_set_on_a_deleted_release_gets_its_label_a
     w.ns.apply_as_older_flux_plunger("web", false).await?;
     w.delete("web").await?;
     let listed = || async {
-        let fenced =
-            plunger::release::api::list_fenced(&w.client, &plunger::scope::Scope::default())
-                .await?;
+        let fenced = plunger::release::api::list_fenced(
+            &w.client,
+            &plunger::scope::Scope::default(),
+            &plunger::install::Install::legacy(),
+        )
+        .await?;
         anyhow::Ok(fenced.iter().any(|r| r.namespace == w.ns.name))
     };
     assert!(
@@ -380,7 +383,7 @@ async fn a_fence_an_older_flux_plunger_set_on_a_deleted_release_gets_its_label_a
         Outcome::FenceHeld { .. }
     ));
     let view = w.view("web").await?;
-    assert!(view.has_fence() && view.fence_labelled, "{view:?}");
+    assert!(view.has_fence() && view.fence_labelled(), "{view:?}");
     assert!(listed().await?, "the drain's selection finds it now");
     // The next pass has nothing to write.
     let before = view.resource_version;

@@ -21,8 +21,9 @@ use kube::api::{DeleteParams, DynamicObject, Patch, PatchParams};
 use plunger::decide::SkipReason;
 use plunger::events::Events;
 use plunger::names::{
-    FENCE_FINALIZER, FENCE_LABEL, FENCE_LABEL_VALUE, FIELD_MANAGER, HELM_CONTROLLER_FINALIZER,
-    HELMRELEASE_API_VERSION, HELMRELEASE_KIND, PROCESSED_VERSION_ANNOTATION,
+    FENCE_FINALIZER, FENCE_LABEL, FIELD_MANAGER, HELM_CONTROLLER_FINALIZER,
+    HELMRELEASE_API_VERSION, HELMRELEASE_KIND, LEGACY_FENCE_LABEL_VALUE,
+    PROCESSED_VERSION_ANNOTATION,
 };
 use plunger::reconcile::{Outcome, Reconciler, Step, TestHooks};
 use plunger::release::view::ReleaseView;
@@ -205,7 +206,7 @@ fn assert_waiting_fenced(object: &DynamicObject) {
     let view = ReleaseView::from_object(object);
     assert!(!view.suspend, "still suspended: {:?}", object.data["spec"]);
     assert!(
-        view.has_fence() && view.fence_labelled,
+        view.has_fence() && view.fence_labelled(),
         "no fence: {:?}",
         view.finalizers
     );

@@ -389,7 +389,7 @@ async fn every_apply_carries_the_uid_and_resource_version_of_the_read_that_decid
             "{body}"
         );
         // The fence's label goes exactly with the fence.
-        let fence_label = json!({FENCE_LABEL: FENCE_LABEL_VALUE});
+        let fence_label = json!({FENCE_LABEL: LEGACY_FENCE_LABEL_VALUE});
         let expected_labels = meta.get("finalizers").map(|_| &fence_label);
         assert_eq!(meta.get("labels"), expected_labels, "{body}");
         if let Some(spec) = body.get("spec") {
