@@ -508,11 +508,16 @@ contract tests compare them. A YAML list.
 {{- end }}
 
 {{/*
-What helm-controller's Ready condition says of a stuck release (SPEC §1),
-plunger::names::STUCK_MESSAGE; the contract tests compare them.
+What helm-controller's Ready condition says, in some words of it, of a
+release Helm storage may have left stuck (SPEC §1, §4.6),
+plunger::names::STUCK_MESSAGES; the contract tests compare them. A YAML list.
 */}}
-{{- define "flux-plunger.stuckMessage" -}}
-has no deployed releases
+{{- define "flux-plunger.stuckMessages" -}}
+- has no deployed releases
+- cannot re-use a name that is still in use
+- cannot reuse a name that is still in use
+- "unable to determine state for release with status 'uninstalling'"
+- "unable to determine state for release with status 'unknown'"
 {{- end }}
 
 {{/*

@@ -23,7 +23,7 @@ use kube::{Client, ResourceExt};
 use plunger::apply::{self, Claim};
 use plunger::names::{
     FENCE_FINALIZER, FIELD_MANAGER, HELM_CONTROLLER_FINALIZER, HELMRELEASE_API_VERSION,
-    HELMRELEASE_KIND, OWN_ANNOTATIONS, PATCH_FIELD_MANAGER,
+    HELMRELEASE_KIND, OWN_ANNOTATIONS, PATCH_FIELD_MANAGER, STUCK_MESSAGES,
 };
 use plunger::release::api::helmreleases;
 use plunger::release::view::ReleaseView;
@@ -445,6 +445,7 @@ async fn the_guard_allows_flux_plunger_s_own_writes_and_refuses_every_other() ->
 
     storage_secrets(&apps, &controller, &mut verdicts).await?;
     release_writes(&apps, &controller, &mut verdicts).await?;
+    acquires_by_message(&apps, &controller, &mut verdicts).await?;
     events(&apps, &controller, &mut verdicts).await?;
     leases_and_scale(&ns, &guarded, &apps, &controller, &hook, &mut verdicts).await?;
     verdicts.refused(
@@ -473,6 +474,38 @@ async fn the_guard_allows_flux_plunger_s_own_writes_and_refuses_every_other() ->
             .await,
     );
     verdicts.check()
+}
+
+/// The acquire is admitted on a release stuck in any words flux-plunger
+/// recognizes (SPEC §4.6: what Helm storage stops, in every spelling
+/// helm-controller writes), and refused on one `Ready=False` for anything
+/// else.
+async fn acquires_by_message(
+    apps: &TestNamespace,
+    controller: &Client,
+    verdicts: &mut Verdicts,
+) -> Result<()> {
+    let releases = helmreleases(controller.clone(), &apps.name);
+    for (index, words) in STUCK_MESSAGES.iter().enumerate() {
+        let name = format!("stuck-{index}");
+        release_with_values(apps, &name).await?;
+        apps.mark_stuck_saying(&name, words).await?;
+        let read = ReleaseView::from_object(&apps.releases().get(&name).await?);
+        verdicts.allowed(
+            &format!("acquire a release stuck with {words:?}"),
+            dry_acquire(&releases, &read).await,
+        );
+    }
+    release_with_values(apps, "timed-out").await?;
+    apps.mark_stuck_saying("timed-out", "timed out waiting for the condition")
+        .await?;
+    let read = ReleaseView::from_object(&apps.releases().get("timed-out").await?);
+    verdicts.refused(
+        "acquire a release Ready=False for a timeout",
+        dry_acquire(&releases, &read).await,
+        SUSPEND_AS_ACQUIRED,
+    );
+    Ok(())
 }
 
 fn dry_post() -> PostParams {

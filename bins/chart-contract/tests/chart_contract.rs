@@ -748,10 +748,14 @@ fn the_admission_guard_allows_the_metadata_plunger_names_and_holds_the_pods_serv
     for part in [
         format!("c.type == {:?}", names::READY_CONDITION),
         "c.status == \"False\"".to_owned(),
-        format!("c.message.contains({:?})", names::STUCK_MESSAGE),
+        "variables.stuckMessages.exists(m, c.message.contains(m))".to_owned(),
     ] {
         assert!(stuck.contains(&part), "{part} not in {stuck}");
     }
+    assert_eq!(
+        guard_variable(policy, "stuckMessages")?,
+        Value::from(names::STUCK_MESSAGES.to_vec())
+    );
 
     // Exactly the identities the chart's pods run as: the controller pod's
     // (the drain shares it) and the hook Job's.

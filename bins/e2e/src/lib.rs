@@ -220,7 +220,7 @@ pub async fn remove_finalizer(ns: &TestNamespace, name: &str, finalizer: &str) -
 /// `Ready` carries the message of the stuck state.
 pub fn is_stuck(o: &Observed) -> bool {
     o.ready_message()
-        .is_some_and(|m| m.contains(plunger::names::STUCK_MESSAGE))
+        .is_some_and(|m| m.contains(plunger::names::STUCK_MESSAGES[0]))
 }
 
 /// Waits until a pass of helm-controller's over the current generation of

@@ -433,7 +433,8 @@ pub enum SkipReason {
     NoLongerStuck,
 }
 
-/// Chooses the revision to reclaim: the newest one, unless it is the one
+/// Chooses the revision to reclaim (SPEC §4.6–4.7): the newest one, when
+/// its status is one Helm cannot get past by itself, unless it is the one
 /// below the revision we already reclaimed, or a deployed one.
 pub fn plan_recovery(release: &ReleaseView, revisions: &[StorageRevision]) -> RecoveryPlan {
     let Some(latest) = revisions.iter().max_by_key(|r| r.revision) else {
@@ -441,8 +442,13 @@ pub fn plan_recovery(release: &ReleaseView, revisions: &[StorageRevision]) -> Re
     };
     // The revision just below the one we reclaimed is left alone, unless
     // its uid shows it is not the one that was below then but one Helm made
-    // later under the same number (a new failure, recovered like any).
+    // later under the same number (a new failure, recovered like any), or
+    // unless nothing is installed: with only `uninstalled` revisions left
+    // helm-controller installs, and Helm refuses an install while any of
+    // them is there ("cannot re-use a name that is still in use"), so each
+    // goes in turn.
     if let ProcessedVersion::Revision(processed) = release.processed_version()
+        && !only_uninstalled(revisions)
         && latest.revision.checked_add(1) == Some(processed)
         && release
             .processed_below_uid()
@@ -467,7 +473,13 @@ pub fn plan_recovery(release: &ReleaseView, revisions: &[StorageRevision]) -> Re
     RecoveryPlan::Reclaim(latest.clone())
 }
 
-/// Whether a newest revision in `status` explains "has no deployed releases"
+/// Every revision is `uninstalled`: a keep-history uninstall's records, with
+/// nothing installed.
+fn only_uninstalled(revisions: &[StorageRevision]) -> bool {
+    revisions.iter().all(|r| r.status == "uninstalled")
+}
+
+/// Whether a newest revision in `status` explains a stuck release
 /// that helm-controller will not get past by itself: `uninstalling`,
 /// `uninstalled` and `unknown`, the statuses the real helm-controller
 /// (v1.4.0, v1.6.1, v1.6.4) was seen to leave stuck for good. A newest

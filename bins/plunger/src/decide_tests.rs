@@ -9,7 +9,7 @@ use super::*;
 use crate::history::HistorySnapshot;
 use crate::names::{
     FENCE_FINALIZER, HELM_CONTROLLER_FINALIZER, LEGACY_FENCE_LABEL_VALUE,
-    PROCESSED_VERSION_ANNOTATION,
+    PROCESSED_BELOW_UID_ANNOTATION, PROCESSED_VERSION_ANNOTATION,
 };
 use crate::release::view::{ReadyCondition, ReleasedCondition};
 
@@ -926,6 +926,185 @@ fn a_deployed_newest_revision_is_never_reclaimed() {
         ),
         RecoveryPlan::Skip(SkipReason::LatestIsDeployed { latest: 2 })
     );
+}
+
+// --- the stuck states Helm storage causes (SPEC §4.6, the table) ---
+
+/// Stuck as helm-controller says it: `Ready=False` with `message`.
+fn stuck_saying(message: &str) -> ReleaseView {
+    let mut r = stuck(release());
+    r.ready = Some(ReadyCondition {
+        status: "False".into(),
+        message: message.into(),
+    });
+    r
+}
+
+/// helm-controller's install over a newest `uninstalled` revision, refused
+/// by Helm 3 (helm-controller up to v1.4) and Helm 4 (from v1.5).
+fn refused_install() -> [ReleaseView; 2] {
+    [
+        stuck_saying(
+            "Helm install failed for release apps/web with chart demo@1.0.0: cannot re-use a name that is still in use",
+        ),
+        stuck_saying(
+            "Helm install failed for release apps/web with chart demo@1.0.0: cannot reuse a name that is still in use",
+        ),
+    ]
+}
+
+/// helm-controller's state machine over a revision its own history names.
+fn undetermined(status: &str) -> ReleaseView {
+    let mut r = stuck_saying(&format!(
+        "Could not determine release state: unable to determine state for release with status '{status}'"
+    ));
+    r.has_history = true;
+    r.status_latest_history_name = Some("web".into());
+    r
+}
+
+#[test]
+fn row_has_no_deployed_releases_over_a_newest_uninstalling_uninstalled_or_unknown_revision_reclaims_it()
+ {
+    for status in ["uninstalling", "uninstalled", "unknown"] {
+        assert_eq!(
+            plan_recovery(
+                &stuck(release()),
+                &[revision(1, "superseded"), revision(2, status)]
+            ),
+            RecoveryPlan::Reclaim(revision(2, status)),
+            "{status}"
+        );
+    }
+}
+
+#[test]
+fn row_an_install_refused_over_a_newest_uninstalled_revision_above_live_ones_reclaims_that_one() {
+    for r in refused_install() {
+        assert!(r.is_stuck(), "{:?}", r.ready);
+        assert_eq!(decide(&r, &clock()), Decision::InspectStorage);
+        assert_eq!(
+            plan_recovery(&r, &[revision(1, "superseded"), revision(2, "uninstalled")]),
+            RecoveryPlan::Reclaim(revision(2, "uninstalled"))
+        );
+    }
+}
+
+#[test]
+fn row_an_install_refused_over_uninstalled_revisions_only_reclaims_each_in_turn() {
+    for r in refused_install() {
+        let kept = [revision(1, "uninstalled"), revision(2, "uninstalled")];
+        assert_eq!(
+            plan_recovery(&r, &kept),
+            RecoveryPlan::Reclaim(revision(2, "uninstalled"))
+        );
+        // Revision 2 reclaimed: the processed guard would keep revision 1 for
+        // an upgrade, but nothing is installed and Helm installs only once
+        // every record is gone.
+        let mut after = annotated(r, "2");
+        after
+            .annotations
+            .insert(PROCESSED_BELOW_UID_ANNOTATION.into(), "s-1".into());
+        assert_eq!(
+            plan_recovery(&after, &kept[..1]),
+            RecoveryPlan::Reclaim(revision(1, "uninstalled"))
+        );
+    }
+}
+
+#[test]
+fn row_the_processed_guard_still_keeps_a_live_revision_below_a_reclaimed_uninstalled_one() {
+    let [r, _] = refused_install();
+    let mut after = annotated(r, "3");
+    after
+        .annotations
+        .insert(PROCESSED_BELOW_UID_ANNOTATION.into(), "s-2".into());
+    assert_eq!(
+        plan_recovery(
+            &after,
+            &[revision(1, "uninstalled"), revision(2, "superseded")]
+        ),
+        RecoveryPlan::Skip(SkipReason::AlreadyProcessed {
+            latest: 2,
+            processed: 3
+        })
+    );
+}
+
+#[test]
+fn row_a_state_helm_controller_cannot_determine_over_uninstalling_or_unknown_reclaims_that_revision()
+ {
+    for status in ["uninstalling", "unknown"] {
+        let r = undetermined(status);
+        assert!(r.is_stuck(), "{status}");
+        assert_eq!(decide(&r, &clock()), Decision::InspectStorage, "{status}");
+        assert_eq!(
+            plan_recovery(&r, &[revision(1, status)]),
+            RecoveryPlan::Reclaim(revision(1, status)),
+            "{status}"
+        );
+        assert_eq!(
+            plan_recovery(&r, &[revision(1, "deployed"), revision(2, status)]),
+            RecoveryPlan::Reclaim(revision(2, status)),
+            "{status}"
+        );
+    }
+}
+
+#[test]
+fn row_a_pending_newest_revision_is_helm_controllers_to_unlock_whatever_the_message() {
+    let messages = refused_install()
+        .into_iter()
+        .chain([undetermined("uninstalling"), stuck(release())]);
+    for r in messages {
+        for status in ["pending-install", "pending-upgrade", "pending-rollback"] {
+            assert_eq!(
+                plan_recovery(&r, &[revision(1, "deployed"), revision(2, status)]),
+                RecoveryPlan::Skip(SkipReason::StatusDoesNotExplain {
+                    latest: 2,
+                    status: status.into()
+                }),
+                "{status} {:?}",
+                r.ready
+            );
+        }
+    }
+}
+
+#[test]
+fn row_a_message_the_storage_does_not_bear_out_reclaims_nothing() {
+    let [refused, _] = refused_install();
+    assert_eq!(
+        plan_recovery(
+            &refused,
+            &[revision(1, "superseded"), revision(2, "failed")]
+        ),
+        RecoveryPlan::Skip(SkipReason::StatusDoesNotExplain {
+            latest: 2,
+            status: "failed".into()
+        })
+    );
+    assert_eq!(
+        plan_recovery(&undetermined("uninstalling"), &[revision(1, "deployed")]),
+        RecoveryPlan::Skip(SkipReason::LatestIsDeployed { latest: 1 })
+    );
+}
+
+#[test]
+fn row_other_failures_and_states_helm_controller_can_determine_are_not_stuck() {
+    for message in [
+        "Helm install failed for release apps/web with chart demo@1.0.0: timed out waiting for the condition",
+        "Could not determine release state: unable to determine state for release with status 'failed'",
+        "Helm upgrade failed: another operation (install/upgrade/rollback) is in progress",
+    ] {
+        let r = stuck_saying(message);
+        assert!(!r.is_stuck(), "{message}");
+        assert_eq!(
+            decide(&r, &clock()),
+            Decision::Nothing { event: None },
+            "{message}"
+        );
+    }
 }
 
 // --- the predicates ---

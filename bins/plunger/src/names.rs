@@ -97,9 +97,26 @@ pub const HELM_STORAGE_VERSION_LABEL: &str = "version";
 /// Label with the release status of a storage revision.
 pub const HELM_STORAGE_STATUS_LABEL: &str = "status";
 
-/// The condition type and the message that mark a stuck release.
+/// The condition whose `False` status, with one of [`STUCK_MESSAGES`],
+/// marks a release Helm storage may have left stuck.
 pub const READY_CONDITION: &str = "Ready";
-pub const STUCK_MESSAGE: &str = "has no deployed releases";
+/// What helm-controller's `Ready` message says (in some words of it) when
+/// Helm's storage stops it, in every spelling helm-controller v1.4–v1.6 and
+/// Helm 3 and 4 write (SPEC §4.6): the message only selects the candidates;
+/// the newest storage revision decides whether anything is reclaimed.
+pub const STUCK_MESSAGES: &[&str] = &[
+    // Its upgrade over a newest `uninstalling`, `uninstalled` or `unknown`
+    // revision (the first pass after the history was cleared).
+    "has no deployed releases",
+    // Its install over a newest `uninstalled` revision, the following passes:
+    // Helm 3 (helm-controller up to v1.4) and Helm 4 (from v1.5).
+    "cannot re-use a name that is still in use",
+    "cannot reuse a name that is still in use",
+    // Its state machine over a revision its own history names, left
+    // `uninstalling` or `unknown` by an uninstall that failed partway.
+    "unable to determine state for release with status 'uninstalling'",
+    "unable to determine state for release with status 'unknown'",
+];
 
 /// helm-controller's condition that says how its last Helm action ended,
 /// and the reason it gives a Helm uninstall that ran.

@@ -322,7 +322,7 @@ async fn run(scenario: Scenario) -> Result<RunResult> {
         .await?;
     ns.create_storage_secret(NEIGHBOUR, 1, "uninstalling")
         .await?;
-    ns.mark_stuck(NAME).await?;
+    ns.mark_stuck_saying(NAME, scenario.stuck_message).await?;
     let stuck_secret = plunger::names::storage_secret_name(NAME, 2);
     let secrets_before = secret_names(&ns).await?;
 

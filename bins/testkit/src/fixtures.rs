@@ -204,13 +204,28 @@ impl TestNamespace {
     /// Helm refused: `Ready=False`, "... has no deployed releases", and its
     /// history cleared (it no longer recognised the stored release).
     pub async fn mark_stuck(&self, name: &str) -> Result<DynamicObject> {
-        self.set_ready(
-            name,
-            "False",
-            "UpgradeFailed",
-            &format!("Helm upgrade failed for release {}/{name} with chart demo@1.0.0: \"{name}\" has no deployed releases", self.name),
-        )
-        .await?;
+        self.mark_stuck_saying(name, "has no deployed releases")
+            .await
+    }
+
+    /// [`Self::mark_stuck`], helm-controller's message ending in `words`
+    /// (one of `plunger::names::STUCK_MESSAGES`, or any other).
+    pub async fn mark_stuck_saying(&self, name: &str, words: &str) -> Result<DynamicObject> {
+        let message = if words == "has no deployed releases" {
+            format!(
+                "Helm upgrade failed for release {}/{name} with chart demo@1.0.0: \"{name}\" {words}",
+                self.name
+            )
+        } else if words.starts_with("unable to determine") {
+            format!("Could not determine release state: {words}")
+        } else {
+            format!(
+                "Helm install failed for release {}/{name} with chart demo@1.0.0: {words}",
+                self.name
+            )
+        };
+        self.set_ready(name, "False", "UpgradeFailed", &message)
+            .await?;
         Ok(self
             .releases()
             .patch_status(

@@ -16,7 +16,7 @@ use serde_json::Value;
 use crate::names::{
     FENCE_FINALIZER, FENCE_LABEL, FIELD_MANAGER, HELM_CONTROLLER_FINALIZER,
     PROCESSED_VERSION_ANNOTATION, READY_CONDITION, RECONCILE_REQUEST_PREFIX,
-    RECONCILE_REQUESTED_AT_ANNOTATION, RELEASED_CONDITION, STUCK_MESSAGE,
+    RECONCILE_REQUESTED_AT_ANNOTATION, RELEASED_CONDITION, STUCK_MESSAGES,
     UNINSTALL_SUCCEEDED_REASON,
 };
 
@@ -218,11 +218,13 @@ impl ReleaseView {
         format!("{}/{}", self.namespace, self.name)
     }
 
-    /// SPEC §1: `Ready=False` with a message containing `has no deployed releases`.
+    /// SPEC §1: `Ready=False` with a message containing one of
+    /// [`STUCK_MESSAGES`]. Whether anything is reclaimed the storage decides
+    /// (`decide::plan_recovery`).
     pub fn is_stuck(&self) -> bool {
-        self.ready
-            .as_ref()
-            .is_some_and(|c| c.status == "False" && c.message.contains(STUCK_MESSAGE))
+        self.ready.as_ref().is_some_and(|c| {
+            c.status == "False" && STUCK_MESSAGES.iter().any(|m| c.message.contains(m))
+        })
     }
 
     /// helm-controller is in the middle of a pass: `Ready` is `Unknown`

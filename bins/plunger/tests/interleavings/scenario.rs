@@ -47,6 +47,9 @@ pub struct Scenario {
     pub seed: u64,
     pub below_status: &'static str,
     pub stuck_status: &'static str,
+    /// How helm-controller's `Ready` message says the release is stuck, in
+    /// one of the spellings it writes over `stuck_status` (SPEC §4.6).
+    pub stuck_message: &'static str,
     pub foreign: Option<(ForeignWrite, Trigger)>,
     pub delete: Option<Trigger>,
     pub step_delay_max: Duration,
@@ -58,6 +61,28 @@ pub struct Scenario {
     /// Suspend without the fence: only for the test that shows the checks
     /// catch the orphaning the fence prevents.
     pub unfenced: bool,
+}
+
+/// What helm-controller's `Ready` says over a newest revision in `status`:
+/// its first upgrade refused, then its install refused (Helm 3 and 4) over an
+/// `uninstalled` one, or its state machine stopped over an `uninstalling` or
+/// `unknown` one its history names.
+fn messages_over(status: &str) -> &'static [&'static str] {
+    match status {
+        "uninstalled" => &[
+            "has no deployed releases",
+            "cannot re-use a name that is still in use",
+            "cannot reuse a name that is still in use",
+        ],
+        "uninstalling" => &[
+            "has no deployed releases",
+            "unable to determine state for release with status 'uninstalling'",
+        ],
+        _ => &[
+            "has no deployed releases",
+            "unable to determine state for release with status 'unknown'",
+        ],
+    }
 }
 
 impl Scenario {
@@ -104,10 +129,13 @@ impl Scenario {
         } else {
             below_status
         };
+        // Drawn last, so that every draw above stays what a seed drew before.
+        let stuck_message = *rng.pick(messages_over(stuck_status));
         Self {
             seed,
             below_status,
             stuck_status,
+            stuck_message,
             foreign,
             delete,
             step_delay_max: *rng.pick(&[ms(0), ms(20), ms(80), ms(250)]),
