@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use futures::{StreamExt, stream};
+use futures::StreamExt;
 use k8s_openapi::jiff::Timestamp;
 use kube::Client;
 use kube::runtime::watcher;
@@ -13,7 +13,7 @@ use testkit::audit::{self, AuditedRequest};
 use testkit::{TestNamespace, is_recovered};
 
 use crate::controller::{Controller, Identity};
-use crate::objects::{SETUP_CONCURRENCY, create_releases, mark_stuck, release_name};
+use crate::objects::{create_reclaimable_storage, create_releases, mark_all_stuck, release_name};
 
 pub struct BurstRun {
     /// From the first stuck status write to the last lift (audit log, the
@@ -42,7 +42,7 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
 
 /// Whether `request` concerns release `name` (the release itself, its
 /// storage Secrets, their listing, or an event about it).
-fn concerns(request: &AuditedRequest, name: &str) -> bool {
+pub(crate) fn concerns(request: &AuditedRequest, name: &str) -> bool {
     request.name == name
         || request.name.starts_with(&format!("{name}."))
         || request.name.contains(&format!(".{name}."))
@@ -59,19 +59,8 @@ pub async fn bench_burst(
 ) -> Result<BurstRun> {
     let ns = TestNamespace::create(admin, &format!("bench-burst-c{concurrent}")).await?;
     create_releases(&ns, 0..count).await?;
+    create_reclaimable_storage(&ns, 0..count).await?;
     let ns = &ns;
-    stream::iter(0..count)
-        .map(|i| async move {
-            let name = release_name(i);
-            ns.create_storage_secret(&name, 1, "superseded").await?;
-            ns.create_storage_secret(&name, 2, "uninstalling").await?;
-            anyhow::Ok(())
-        })
-        .buffer_unordered(SETUP_CONCURRENCY)
-        .collect::<Vec<_>>()
-        .await
-        .into_iter()
-        .collect::<Result<()>>()?;
 
     let lease = format!("bench-burst-{concurrent}-{run}");
     let mut controller = Controller::spawn(admin, identity, &ns.name, concurrent, &lease).await?;
@@ -103,13 +92,7 @@ pub async fn bench_burst(
     synced_rx.await.context("the bench's watch ended")?;
 
     let offset = audit::mark();
-    stream::iter(0..count)
-        .map(|i| async move { mark_stuck(ns, &release_name(i)).await })
-        .buffer_unordered(SETUP_CONCURRENCY)
-        .collect::<Vec<_>>()
-        .await
-        .into_iter()
-        .collect::<Result<()>>()?;
+    mark_all_stuck(ns, 0..count).await?;
     let deadline = Instant::now() + Duration::from_secs(600);
     let mut done = std::collections::HashSet::new();
     while done.len() < count {

@@ -86,7 +86,8 @@ pub struct Controller {
     pub pid: u32,
     health_port: u16,
     pub spawned: Instant,
-    _dir: tempfile::TempDir,
+    /// Holds its kubeconfig and its log until it is dropped.
+    dir: tempfile::TempDir,
 }
 
 impl Controller {
@@ -123,6 +124,29 @@ impl Controller {
         )
     }
 
+    /// [`Controller::spawn`] allowing at most `per_minute` recoveries a
+    /// minute (`--max-recoveries-per-minute`).
+    pub async fn spawn_rate_limited(
+        admin: &Client,
+        identity: &Identity,
+        namespace: &str,
+        concurrent: u16,
+        lease: &str,
+        per_minute: u32,
+    ) -> Result<Self> {
+        let dir = tempfile::tempdir()?;
+        let kubeconfig = identity.kubeconfig(admin, dir.path()).await?;
+        Self::launch(
+            &release_binary("flux-plunger")?,
+            dir,
+            &kubeconfig,
+            Watch::Namespace(namespace),
+            concurrent,
+            lease,
+            &[format!("--max-recoveries-per-minute={per_minute}")],
+        )
+    }
+
     /// `binary` (a `flux-plunger` of this or another build) watching what
     /// `watch` says.
     pub fn spawn_watching(
@@ -132,6 +156,19 @@ impl Controller {
         watch: Watch<'_>,
         concurrent: u16,
         lease: &str,
+    ) -> Result<Self> {
+        Self::launch(binary, dir, kubeconfig, watch, concurrent, lease, &[])
+    }
+
+    /// [`Controller::spawn_watching`] with `extra` flags after the others.
+    fn launch(
+        binary: &Path,
+        dir: tempfile::TempDir,
+        kubeconfig: &Path,
+        watch: Watch<'_>,
+        concurrent: u16,
+        lease: &str,
+        extra: &[String],
     ) -> Result<Self> {
         // Two free_port calls can return the same port.
         let [health_port, metrics_port] = free_ports()?;
@@ -145,6 +182,7 @@ impl Controller {
             .arg(format!("--health-addr=127.0.0.1:{health_port}"))
             .arg(format!("--metrics-addr=127.0.0.1:{metrics_port}"))
             .arg("--log-encoding=json")
+            .args(extra)
             .env("POD_NAME", lease)
             .env("POD_NAMESPACE", watch.lease_namespace())
             .env_remove("RUST_LOG")
@@ -158,7 +196,7 @@ impl Controller {
             pid,
             health_port,
             spawned,
-            _dir: dir,
+            dir,
         })
     }
 
@@ -177,6 +215,19 @@ impl Controller {
             }
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
+    }
+
+    /// Fails, with the end of its log, once the process has exited: a part
+    /// that leaves it running for minutes checks it as it waits.
+    pub fn ensure_running(&mut self) -> Result<()> {
+        let Some(status) = self.child.try_wait()? else {
+            return Ok(());
+        };
+        let log =
+            std::fs::read_to_string(self.dir.path().join("flux-plunger.log")).unwrap_or_default();
+        let lines: Vec<&str> = log.lines().collect();
+        let tail = lines[lines.len().saturating_sub(20)..].join("\n");
+        bail!("flux-plunger exited: {status}; the end of its log:\n{tail}")
     }
 
     /// Peak and current resident memory (VmHWM, VmRSS), in KiB.

@@ -17,6 +17,11 @@
 //!   the bytes the controller received;
 //! - the drain's and the sweep's peak memory (`VmHWM`) over 1,000 fenced
 //!   releases carrying 50 KB of values each, and over the same without them;
+//! - 1,000 releases stuck at once under `--max-recoveries-per-minute 1`
+//!   (`waiting`): how many it turns away and what that costs, then, over
+//!   three minutes, the requests a minute by verb and resource, the busiest
+//!   second and the recoveries (the waiting releases must wake one at a
+//!   time, not in a burst);
 //! - 50,000 releases, in one namespace and over 500: the controller's memory,
 //!   start-up and idle requests, and a drain's and a sweep's requests and
 //!   bytes among them (`large`, run last: it leaves 100,000 releases).
@@ -32,6 +37,7 @@ mod scale;
 mod sizes;
 mod storage;
 mod values;
+mod waiting;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -370,6 +376,109 @@ fn print_counts(title: &str, counts: &BTreeMap<String, f64>) {
     println!("| **total** | **{:.2}** |", counts.values().sum::<f64>());
 }
 
+/// The rows and the JSON of the `waiting` part.
+fn report_waiting(report: &mut Report, figures: &waiting::WaitingFigures) {
+    let title = format!(
+        "{} releases stuck at once, `--max-recoveries-per-minute {}`",
+        waiting::RELEASES,
+        waiting::PER_MINUTE
+    );
+    let turning_total: u64 = figures.turning_away_by_label.values().sum();
+    report.row(
+        format!("{title}: turned away (fenced to wait) / in (first stuck write → last fence) / requests meanwhile / busiest second"),
+        format!(
+            "{} / {} / {turning_total} / {}",
+            figures.turned_away,
+            secs(figures.turning_away),
+            figures.turning_away_busiest_second
+        ),
+    );
+    report.row(
+        format!(
+            "{title}, waiting ({} min from {} s after the first recovery): requests a minute / busiest second",
+            waiting::WINDOW_MINUTES,
+            figures.window_start.as_secs()
+        ),
+        format!(
+            "{:.1} / {}",
+            figures.window_per_minute(),
+            figures.window_busiest_second
+        ),
+    );
+    let at: Vec<String> = figures
+        .recoveries_at
+        .iter()
+        .map(|s| format!("{s:.1}"))
+        .collect();
+    report.row(
+        format!("{title}: recoveries in the window / all until its end (s after the first)"),
+        format!("{} / {} s", figures.window_recoveries(), at.join(", ")),
+    );
+    report.json.insert(
+        "waiting".into(),
+        json!({"releases": waiting::RELEASES, "max_recoveries_per_minute": waiting::PER_MINUTE,
+            "concurrent": waiting::CONCURRENT,
+            "turned_away": figures.turned_away, "turning_away_seconds": figures.turning_away.as_secs_f64(),
+            "turning_away_requests": figures.turning_away_by_label,
+            "turning_away_busiest_second": figures.turning_away_busiest_second,
+            "one_turned_away": figures.one_turned_away,
+            "window_start_after_first_recovery_seconds": figures.window_start.as_secs_f64(),
+            "window_requests_per_minute": figures.window_per_minute(),
+            "window_busiest_second": figures.window_busiest_second,
+            "minutes": figures.minutes.iter().map(|m| json!({"requests": m.by_label,
+                "busiest_second": m.busiest_second, "recoveries": m.recoveries})).collect::<Vec<_>>(),
+            "recoveries_seconds_after_first": figures.recoveries_at}),
+    );
+}
+
+/// The `waiting` part's window, minute by minute: each request by verb and
+/// resource, the busiest second, the recoveries.
+fn print_waiting_minutes(figures: &waiting::WaitingFigures) {
+    let labels: std::collections::BTreeSet<&String> = figures
+        .minutes
+        .iter()
+        .flat_map(|m| m.by_label.keys())
+        .collect();
+    let start = figures.window_start.as_secs();
+    let heads: Vec<String> = (0..figures.minutes.len() as u64)
+        .map(|m| format!("{}–{} s", start + 60 * m, start + 60 * (m + 1)))
+        .collect();
+    println!(
+        "\nThe controller's requests while {} releases wait at {} recovery a minute, minute by minute (seconds after the first recovery):\n",
+        waiting::RELEASES,
+        waiting::PER_MINUTE
+    );
+    println!("| request | {} |", heads.join(" | "));
+    println!("|---|{}", "---|".repeat(heads.len()));
+    let row = |what: &str, value: &dyn Fn(&waiting::Minute) -> String| {
+        let values: Vec<String> = figures.minutes.iter().map(value).collect();
+        println!("| {what} | {} |", values.join(" | "));
+    };
+    for label in labels {
+        row(label, &|m| {
+            m.by_label.get(label).copied().unwrap_or(0).to_string()
+        });
+    }
+    row("**total**", &|m| {
+        format!("**{}**", m.by_label.values().sum::<u64>())
+    });
+    row("busiest second", &|m| m.busiest_second.to_string());
+    row("recoveries", &|m| m.recoveries.to_string());
+    println!(
+        "\nWhile turning {} releases away ({}), by verb and resource: {:?}",
+        figures.turned_away,
+        secs(figures.turning_away),
+        figures.turning_away_by_label
+    );
+    println!(
+        "\nThe requests about {} while it was turned away (after its stuck write):\n",
+        objects::release_name(waiting::RELEASES / 2)
+    );
+    for (i, step) in figures.one_turned_away.iter().enumerate() {
+        println!("{}. {step}", i + 1);
+    }
+}
+
 #[tokio::main]
 async fn main() -> Result<()> {
     let (cores, memory_mib) = machine();
@@ -596,6 +705,20 @@ async fn main() -> Result<()> {
     }
     report.json.insert("burst".into(), json!(burst_json));
 
+    let mut waiting_figures = None;
+    if wanted("waiting") {
+        eprintln!(
+            ">> {} releases stuck at once, --max-recoveries-per-minute {}: what turning them away and their waiting cost ({} minutes, from {} s or whole minutes more after the first recovery, once all are turned away; one run)",
+            waiting::RELEASES,
+            waiting::PER_MINUTE,
+            waiting::WINDOW_MINUTES,
+            waiting::WINDOW_START.as_secs()
+        );
+        let figures = waiting::bench_waiting(&admin, &identity).await?;
+        report_waiting(&mut report, &figures);
+        waiting_figures = Some(figures);
+    }
+
     if wanted("values") {
         eprintln!(
             ">> drain and sweep peak memory, {} fenced releases with and without {} KB of values each ({RUNS} runs each)",
@@ -734,6 +857,9 @@ async fn main() -> Result<()> {
         for (i, step) in run.sequence.iter().enumerate() {
             println!("{}. {step}", i + 1);
         }
+    }
+    if let Some(figures) = &waiting_figures {
+        print_waiting_minutes(figures);
     }
     if let Some(idle) = &idle {
         let idle_counts: BTreeMap<String, f64> = idle

@@ -233,6 +233,54 @@ pub async fn fence_releases(ns: &TestNamespace, range: std::ops::Range<usize>) -
     .await
 }
 
+/// Gives each release of `range` what flux-plunger reclaims once it is
+/// stuck: storage revision 1 `superseded` below revision 2 `uninstalling`.
+pub async fn create_reclaimable_storage(
+    ns: &TestNamespace,
+    range: std::ops::Range<usize>,
+) -> Result<()> {
+    each(range, |i| async move {
+        let name = release_name(i);
+        ns.create_storage_secret(&name, 1, "superseded").await?;
+        ns.create_storage_secret(&name, 2, "uninstalling").await?;
+        anyhow::Ok(())
+    })
+    .await
+}
+
+/// Writes the stuck status of releases `range`, `SETUP_CONCURRENCY` at a
+/// time: many releases stuck at once.
+pub async fn mark_all_stuck(ns: &TestNamespace, range: std::ops::Range<usize>) -> Result<()> {
+    each(
+        range,
+        |i| async move { mark_stuck(ns, &release_name(i)).await },
+    )
+    .await
+}
+
+/// Gives up flux-plunger's fence on releases `range` (an apply of nothing as
+/// its field manager), as its drain would: a part that leaves releases fenced
+/// would change what the drains of the parts after it find.
+pub async fn unfence_releases(ns: &TestNamespace, range: std::ops::Range<usize>) -> Result<()> {
+    each(range, |i| async move {
+        let name = release_name(i);
+        let nothing = json!({
+            "apiVersion": HELMRELEASE_API_VERSION,
+            "kind": HELMRELEASE_KIND,
+            "metadata": {"name": name, "namespace": ns.name},
+        });
+        ns.releases()
+            .patch(
+                &name,
+                &PatchParams::apply(FIELD_MANAGER),
+                &Patch::Apply(nothing),
+            )
+            .await?;
+        anyhow::Ok(())
+    })
+    .await
+}
+
 /// Runs `write` for each release number of `range`, `SETUP_CONCURRENCY` at
 /// a time.
 async fn each<F, Fut>(range: std::ops::Range<usize>, write: F) -> Result<()>
