@@ -31,15 +31,33 @@ pub struct Context {
     pub metrics: Arc<Metrics>,
     /// Consecutive failures per release, for the retry backoff.
     failures: Mutex<HashMap<ObjectRef<DynamicObject>, u32>>,
-    /// Releases a pass recovered, with when and the resourceVersions of the
-    /// states it handled (`Pass::handled`): see [`reconcile`]. Kept for
-    /// [`RECOVERED_MEMORY`] only, so that releases deleted without another
-    /// event (no finalizer) do not stay here for the life of the process.
+    /// Releases a pass recovered or turned away, with the states it handled
+    /// (`Pass::handled`): see [`reconcile`]. Kept for [`RECOVERED_MEMORY`]
+    /// only, so that releases deleted without another event (no finalizer)
+    /// do not stay here for the life of the process.
     recovered: Mutex<HashMap<ObjectRef<DynamicObject>, Handled>>,
 }
 
-/// When a recovery ended, and the resourceVersions of the states it handled.
-type Handled = (Instant, Vec<String>);
+/// The states of a release one pass wrote itself, and what a wake by one of
+/// them comes to.
+struct Handled {
+    at: Instant,
+    written: Vec<String>,
+    /// `None` after a recovery (nothing is left to do); after a recovery
+    /// turned away by the rate limit, its turn, when it is looked at again.
+    turn: Option<Instant>,
+}
+
+impl Handled {
+    /// What the controller does instead of a pass woken by one of these
+    /// states: wait for a change, or for the release's turn.
+    fn action(&self) -> Action {
+        match self.turn {
+            Some(turn) => Action::requeue(turn.saturating_duration_since(Instant::now())),
+            None => Action::await_change(),
+        }
+    }
+}
 
 /// How long the resourceVersions of a recovery's own states are remembered:
 /// their watch events arrive within seconds; after this a pass runs anyway
@@ -112,18 +130,20 @@ async fn reconcile(object: Arc<DynamicObject>, ctx: Arc<Context>) -> Result<Acti
     // watch event and wake the release once more. While the watch shows the
     // release in a state the recovery wrote (same resourceVersion: nobody
     // else wrote since), that pass would read it, list its storage and find
-    // nothing to do (the processed guard); skip those two requests. Another
+    // nothing to do (the processed guard); skip those two requests. So too
+    // for the fence a release turned away by the rate limit gets: that pass
+    // would be turned away again; it is looked at at its turn. Another
     // writer's change has a new resourceVersion and is reconciled as ever.
     {
         let mut recovered = ctx.recovered.lock().expect("recovered map poisoned");
-        if let Some((at, written)) = recovered.get(&key) {
-            if at.elapsed() < RECOVERED_MEMORY
+        if let Some(handled) = recovered.get(&key) {
+            if handled.at.elapsed() < RECOVERED_MEMORY
                 && object
                     .resource_version()
-                    .is_some_and(|rv| written.contains(&rv))
+                    .is_some_and(|rv| handled.written.contains(&rv))
             {
-                tracing::debug!(release = %format!("{namespace}/{name}"), resource_version = %object.resource_version().unwrap_or_default(), "unchanged since its recovery");
-                return Ok(Action::await_change());
+                tracing::debug!(release = %format!("{namespace}/{name}"), resource_version = %object.resource_version().unwrap_or_default(), "unchanged since its own pass wrote it");
+                return Ok(handled.action());
             }
             recovered.remove(&key);
         }
@@ -134,10 +154,24 @@ async fn reconcile(object: Arc<DynamicObject>, ctx: Arc<Context>) -> Result<Acti
         .reconcile_duration
         .observe(started.elapsed().as_secs_f64());
     let Pass { outcome, handled } = result?;
-    if matches!(outcome, Outcome::Recovered { .. }) && !handled.is_empty() {
+    let turn = match outcome {
+        Outcome::Recovered { .. } => Some(None),
+        Outcome::RateLimited { retry_after } => Some(Some(Instant::now() + retry_after)),
+        _ => None,
+    };
+    if let Some(turn) = turn
+        && !handled.is_empty()
+    {
         let mut recovered = ctx.recovered.lock().expect("recovered map poisoned");
-        recovered.retain(|_, (at, _)| at.elapsed() < RECOVERED_MEMORY);
-        recovered.insert(key.clone(), (Instant::now(), handled));
+        recovered.retain(|_, h| h.at.elapsed() < RECOVERED_MEMORY);
+        recovered.insert(
+            key.clone(),
+            Handled {
+                at: Instant::now(),
+                written: handled,
+                turn,
+            },
+        );
     }
     ctx.failures
         .lock()

@@ -96,8 +96,10 @@ pub struct Pass {
     /// After a recovery: the resourceVersions of the states of the release
     /// it wrote or acted on (its acquire, its annotation, its final lift).
     /// A watch event of one of them wakes a pass that would find nothing to
-    /// do (the processed guard), which the controller may skip. Empty after
-    /// any other outcome.
+    /// do (the processed guard), which the controller may skip. After a
+    /// recovery turned away by the rate limit: the state its fence write
+    /// left, whose wake would only be turned away again. Empty after any
+    /// other outcome.
     pub handled: Vec<String>,
 }
 
@@ -858,8 +860,11 @@ impl Reconciler {
             && let Err(retry_after) = limiter.try_take(&release.uid)
         {
             tracing::info!(release = %release.key(), ?retry_after, "recovery rate limit reached; waiting");
-            self.hold_while_waiting(&release).await?;
-            return Ok(Outcome::RateLimited { retry_after }.into());
+            let fenced = self.hold_while_waiting(&release).await?;
+            return Ok(Pass {
+                outcome: Outcome::RateLimited { retry_after },
+                handled: fenced.into_iter().collect(),
+            });
         }
         self.pause_at_step(Step::Planned).await;
 
@@ -904,11 +909,12 @@ impl Reconciler {
     /// meanwhile, so that a delete landing before the recovery is held for
     /// the uninstall hand-over of §5d (helm-controller's own deletion path
     /// finds the history it cleared empty and would let the release go).
-    async fn hold_while_waiting(&self, release: &ReleaseView) -> Result<(), Error> {
+    /// The resourceVersion its fence write left, when it wrote one.
+    async fn hold_while_waiting(&self, release: &ReleaseView) -> Result<Option<String>, Error> {
         if release.has_fence() || self.controls.dry_run {
-            return Ok(());
+            return Ok(None);
         }
-        apply::apply(
+        let written = apply::apply(
             &self.client,
             release,
             Claim::FENCE_ONLY,
@@ -921,7 +927,7 @@ impl Reconciler {
             source,
         })?;
         tracing::info!(release = %release.key(), "fenced the stuck release while its recovery waits");
-        Ok(())
+        Ok(written.metadata.resource_version)
     }
 
     /// SPEC §4.5: a stuck release with nothing to reclaim has no recovery to
