@@ -639,3 +639,71 @@ writer's entry only.
 {{- define "flux-plunger.guard.isWriter" -}}
 (has({{ .entry }}.manager) && {{ .entry }}.manager == variables.writer)
 {{- end }}
+
+{{/*
+The install a fence's label names (SPEC §1, §3; plunger::install::Install,
+the contract tests compare them): "<Lease namespace>.<Lease name>", or past
+63 characters its first 50 without a trailing "." or "-", a dash and 12 hex
+characters of its SHA-256. Takes (dict "namespace" … "lease" …).
+*/}}
+{{- define "flux-plunger.installOf" -}}
+{{- $full := printf "%s.%s" .namespace .lease }}
+{{- if le (len $full) 63 }}
+{{- $full }}
+{{- else }}
+{{- printf "%s-%s" (regexReplaceAll "[.-]+$" (trunc 50 $full) "") (trunc 12 (sha256sum $full)) }}
+{{- end }}
+{{- end }}
+
+{{/*
+Refuses an upgrade that drops a namespace from controller.watchNamespaces (or
+scopes an install that watched every namespace) while a HelmRelease there
+carries this install's fence: the install's access to that namespace (its
+Roles, the admission guard's scope) goes with the upgrade, and the fence would
+stay for good, hanging the release's delete and its namespace's. The install
+and its scope are read from the live Deployment's controller (`lookup`, which
+reads nothing in helm template and helm lint).
+*/}}
+{{- define "flux-plunger.refuseStrandedFences" -}}
+{{- $live := lookup "apps/v1" "Deployment" .Release.Namespace (include "flux-plunger.fullname" .) }}
+{{- $new := .Values.controller.watchNamespaces | default list }}
+{{- if and $live $new }}
+{{- $old := list }}
+{{- $lease := "" }}
+{{- range (($live.spec).template.spec.containers | default list) }}
+{{- if eq .name "flux-plunger" }}
+{{- range (.args | default list) }}
+{{- if hasPrefix "--watch-namespace=" . }}
+{{- $old = append $old (trimPrefix "--watch-namespace=" .) }}
+{{- else if hasPrefix "--leader-election-lease-name=" . }}
+{{- $lease = trimPrefix "--leader-election-lease-name=" . }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- $install := include "flux-plunger.installOf" (dict "namespace" .Release.Namespace "lease" ($lease | default (include "flux-plunger.leaseName" .))) }}
+{{- $releases := list }}
+{{- if $old }}
+{{- range $old }}
+{{- if not (has . $new) }}
+{{- $releases = concat $releases ((lookup "helm.toolkit.fluxcd.io/v2" "HelmRelease" . "").items | default list) }}
+{{- end }}
+{{- end }}
+{{- else }}
+{{- range ((lookup "helm.toolkit.fluxcd.io/v2" "HelmRelease" "" "").items | default list) }}
+{{- if not (has .metadata.namespace $new) }}
+{{- $releases = append $releases . }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- $stranded := list }}
+{{- range $releases }}
+{{- if and (has "flux-plunger.cozystack.io/uninstall-fence" (.metadata.finalizers | default list)) (eq (index (.metadata.labels | default dict) "flux-plunger.cozystack.io/uninstall-fence" | default "") $install) }}
+{{- $stranded = append $stranded (printf "%s/%s" .metadata.namespace .metadata.name) }}
+{{- end }}
+{{- end }}
+{{- if $stranded }}
+{{- fail (printf "controller.watchNamespaces drops namespaces where this install still holds its uninstall fence on %s: the upgrade would take its access there away and leave the fence for good. Release them first (flux-plunger-sweep release NAMESPACE/NAME, see the chart README), or keep their namespaces until flux-plunger has let go of them" (join ", " $stranded)) }}
+{{- end }}
+{{- end }}
+{{- end }}

@@ -847,3 +847,32 @@ fn the_admission_guard_is_rendered_where_the_cluster_serves_its_api_and_nowhere_
     );
     Ok(())
 }
+
+/// The Deployment names the install its fences' label carries, as the
+/// binaries compute it from the Lease (`plunger::install::Install`), the
+/// digest cut of a long name included: the chart's refusal to strand fences
+/// on an upgrade looks for that value.
+#[test]
+fn the_install_the_chart_names_is_the_one_the_binaries_write_on_the_fence() -> Result<()> {
+    let long = "a-very-long-lease-name-for-the-team-of-payments-and-billing";
+    for (lease, set) in [
+        (format!("{RELEASE}-flux-plunger"), None),
+        (
+            long.to_owned(),
+            Some(format!("leaderElection.leaseName={long}")),
+        ),
+    ] {
+        let mut render = Render::new(RELEASE, NAMESPACE);
+        if let Some(set) = &set {
+            render = render.set(set);
+        }
+        let manifests = render.manifests()?;
+        let deployment = manifests.one("Deployment", false)?;
+        assert_eq!(
+            deployment["metadata"]["annotations"]["flux-plunger.cozystack.io/install"],
+            plunger::install::Install::from_lease(NAMESPACE, &lease).fence_label_value(),
+            "{lease}"
+        );
+    }
+    Ok(())
+}

@@ -401,3 +401,57 @@ async fn an_uninstall_waits_for_the_hook_and_fails_while_it_has_not_succeeded() 
     );
     Ok(())
 }
+
+/// An upgrade that drops a watched namespace where the install still holds
+/// its fence is refused, naming the release: the install's access there goes
+/// with the upgrade (its Roles, the guard's scope), and nothing could settle
+/// that fence any more. Another install's fence there does not count; once
+/// the fence is released the same upgrade goes through.
+#[tokio::test]
+async fn an_upgrade_that_would_strand_the_install_s_fences_is_refused_naming_them() -> Result<()> {
+    let setup = Setup::new("chart-narrow").await?;
+    let dropped = testkit::TestNamespace::create(&setup.ns.client, "chart-narrow-dropped").await?;
+    let chart = chart_contract::chart_dir().display().to_string();
+    let scope =
+        |namespaces: &[&str]| format!("controller.watchNamespaces={{{}}}", namespaces.join(","));
+    setup.install(&["--set", &scope(&[&setup.ns.name, &dropped.name])])?;
+    let deployment = Api::<Deployment>::namespaced(setup.ns.client.clone(), &setup.ns.name)
+        .get(&setup.fullname())
+        .await?;
+    let install = deployment
+        .metadata
+        .annotations
+        .unwrap_or_default()
+        .get("flux-plunger.cozystack.io/install")
+        .cloned()
+        .context("the Deployment names its install")?;
+    dropped.create_release("held", json!({})).await?;
+    dropped.apply_as_install("held", false, &install).await?;
+    dropped.create_release("theirs", json!({})).await?;
+    dropped
+        .apply_as_install("theirs", false, "elsewhere.flux-plunger")
+        .await?;
+    let narrow = |setup: &Setup| {
+        setup.helm(&[
+            "upgrade",
+            setup.release(),
+            chart.as_str(),
+            "--set",
+            &scope(&[&setup.ns.name]),
+        ])
+    };
+
+    let refused = narrow(&setup)?;
+    let stderr = String::from_utf8_lossy(&refused.stderr).into_owned();
+    assert!(!refused.status.success(), "the upgrade went through");
+    assert!(
+        stderr.contains(&format!("{}/held", dropped.name))
+            && !stderr.contains("theirs")
+            && stderr.contains("flux-plunger-sweep release"),
+        "{stderr}"
+    );
+
+    testkit::strip_fences(&dropped).await?;
+    succeeded(narrow(&setup)?, "helm upgrade once the fence is gone")?;
+    Ok(())
+}
