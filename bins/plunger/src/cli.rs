@@ -115,7 +115,8 @@ pub struct LogArgs {
     /// Log verbosity.
     #[arg(long, value_enum, default_value_t = LogLevel::Info)]
     pub log_level: LogLevel,
-    /// Log format: one JSON object a line, or human-readable text.
+    /// Log format: one JSON object a line in the shape Flux's controllers
+    /// write (`level`, `ts`, `logger`, `msg`, ...), or human-readable text.
     #[arg(long, value_enum, default_value_t = LogEncoding::Json)]
     pub log_encoding: LogEncoding,
 }
@@ -147,7 +148,7 @@ impl LogArgs {
             .with_writer(std::io::stderr);
         // A second init (tests) is harmless: keep the first subscriber.
         let _ = match self.log_encoding {
-            LogEncoding::Json => builder.json().flatten_event(true).try_init(),
+            LogEncoding::Json => builder.event_format(crate::logs::FluxJson).try_init(),
             LogEncoding::Console => builder.try_init(),
         };
     }

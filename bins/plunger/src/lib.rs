@@ -13,6 +13,7 @@ pub mod events;
 pub mod history;
 pub mod install;
 pub mod lease;
+pub mod logs;
 pub mod names;
 pub mod notices;
 pub mod notify;
