@@ -658,7 +658,8 @@ characters of its SHA-256. Takes (dict "namespace" … "lease" …).
 {{/*
 Refuses an upgrade that drops a namespace from controller.watchNamespaces (or
 scopes an install that watched every namespace) while a HelmRelease there
-carries this install's fence: the install's access to that namespace (its
+carries this install's fence (or one labelled `held`, as every install
+labelled its fences before the label named one): the install's access to that namespace (its
 Roles, the admission guard's scope) goes with the upgrade, and the fence would
 stay for good, hanging the release's delete and its namespace's. The install
 and its scope are read from the live Deployment's controller (`lookup`, which
@@ -698,7 +699,7 @@ reads nothing in helm template and helm lint).
 {{- end }}
 {{- $stranded := list }}
 {{- range $releases }}
-{{- if and (has "flux-plunger.cozystack.io/uninstall-fence" (.metadata.finalizers | default list)) (eq (index (.metadata.labels | default dict) "flux-plunger.cozystack.io/uninstall-fence" | default "") $install) }}
+{{- if and (has "flux-plunger.cozystack.io/uninstall-fence" (.metadata.finalizers | default list)) (has (index (.metadata.labels | default dict) "flux-plunger.cozystack.io/uninstall-fence" | default "") (list $install "held")) }}
 {{- $stranded = append $stranded (printf "%s/%s" .metadata.namespace .metadata.name) }}
 {{- end }}
 {{- end }}

@@ -427,6 +427,9 @@ async fn an_upgrade_that_would_strand_the_install_s_fences_is_refused_naming_the
         .context("the Deployment names its install")?;
     dropped.create_release("held", json!({})).await?;
     dropped.apply_as_install("held", false, &install).await?;
+    // Labelled as every install labelled its fences before the label named one.
+    dropped.create_release("legacy", json!({})).await?;
+    dropped.apply_as_flux_plunger("legacy", false).await?;
     dropped.create_release("theirs", json!({})).await?;
     dropped
         .apply_as_install("theirs", false, "elsewhere.flux-plunger")
@@ -446,6 +449,7 @@ async fn an_upgrade_that_would_strand_the_install_s_fences_is_refused_naming_the
     assert!(!refused.status.success(), "the upgrade went through");
     assert!(
         stderr.contains(&format!("{}/held", dropped.name))
+            && stderr.contains(&format!("{}/legacy", dropped.name))
             && !stderr.contains("theirs")
             && stderr.contains("flux-plunger-sweep release"),
         "{stderr}"

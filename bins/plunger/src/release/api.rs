@@ -213,3 +213,26 @@ pub async fn list_every_fence(
     }
     Ok(fenced)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_install_s_own_fences_are_selected_by_its_label_in_its_namespaces_whatever_its_selector() {
+        let scope = Scope {
+            namespaces: vec!["a".into(), "b".into()],
+            label_selector: Some("team=payments".into()),
+        };
+        let install = Install::from_lease("flux-system", "flux-plunger");
+        assert_eq!(
+            own_fences(&scope, &install),
+            Scope {
+                namespaces: vec!["a".into(), "b".into()],
+                label_selector: Some(
+                    "flux-plunger.cozystack.io/uninstall-fence=flux-system.flux-plunger".into()
+                ),
+            }
+        );
+    }
+}
