@@ -49,6 +49,12 @@ struct Handled {
 }
 
 impl Handled {
+    /// A recovery's states are skipped while remembered; a turned-away
+    /// release's only until its turn, when its pass must run.
+    fn before_turn(&self) -> bool {
+        self.turn.is_none_or(|turn| Instant::now() < turn)
+    }
+
     /// What the controller does instead of a pass woken by one of these
     /// states: wait for a change, or for the release's turn.
     fn action(&self) -> Action {
@@ -138,6 +144,7 @@ async fn reconcile(object: Arc<DynamicObject>, ctx: Arc<Context>) -> Result<Acti
         let mut recovered = ctx.recovered.lock().expect("recovered map poisoned");
         if let Some(handled) = recovered.get(&key) {
             if handled.at.elapsed() < RECOVERED_MEMORY
+                && handled.before_turn()
                 && object
                     .resource_version()
                     .is_some_and(|rv| handled.written.contains(&rv))

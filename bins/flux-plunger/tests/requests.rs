@@ -181,6 +181,13 @@ async fn a_release_turned_away_by_the_rate_limit_costs_one_read_and_one_listing_
             Duration::from_secs(30),
         )
         .await?;
+    // At its turn (a minute after the first recovery) the recovery is its.
+    eventually(
+        Duration::from_secs(120),
+        "the later one is recovered at its turn",
+        || ns.is_recovered("later", 2),
+    )
+    .await?;
     controller.terminate(Duration::from_secs(20)).await?;
 
     let sent: Vec<(String, String)> = requests_since(offset, &username, &ns.name)?
@@ -191,6 +198,14 @@ async fn a_release_turned_away_by_the_rate_limit_costs_one_read_and_one_listing_
         ("get", "helmreleases"),   // §4.1 read the release
         ("list", "secrets"),       // §4.6 list its storage
         ("patch", "helmreleases"), // §4.5 the fence while it waits, locked on the read
+        // Nothing until its turn; then the recovery (as in the test above).
+        ("get", "helmreleases"),
+        ("list", "secrets"),
+        ("patch", "helmreleases"),
+        ("patch", "helmreleases"),
+        ("delete", "secrets"),
+        ("patch", "helmreleases"),
+        ("create", "events"),
     ]
     .iter()
     .map(|(v, r)| ((*v).to_owned(), (*r).to_owned()))
