@@ -773,3 +773,326 @@ async fn a_helm_controller_killed_in_the_middle_of_an_uninstall_remediation() ->
     );
     Ok(())
 }
+
+// ------------------------------- deleted while flux-plunger holds A, B or C
+
+/// `(type, reason)` of the events flux-plunger recorded on the release.
+async fn flux_plunger_events(ns: &TestNamespace) -> Result<Vec<(String, String)>> {
+    use plunger::names::reasons;
+    let ours = [
+        reasons::SUSPENSION_NOT_OWNED,
+        reasons::RECOVERY_DEFERRED,
+        reasons::UNSUSPEND_FAILED,
+        reasons::TERMINATING_WHILE_SUSPENDED,
+        reasons::UNINSTALL_FENCE_HELD,
+        reasons::RECOVERED,
+        reasons::UNINSTALL_HANDED_OVER,
+        reasons::RELEASED_WITHOUT_UNINSTALL,
+    ];
+    let mut seen: Vec<(String, String)> = ns
+        .events_for(RELEASE)
+        .await?
+        .into_iter()
+        .filter(|e| ours.contains(&e.reason.as_str()))
+        .map(|e| (e.type_, e.reason))
+        .collect();
+    seen.sort();
+    seen.dedup();
+    Ok(seen)
+}
+
+/// What a delete that landed while flux-plunger held the release left.
+#[derive(Debug)]
+struct AfterTheDelete {
+    /// Storage as the delete met it: `(revision, status label)`, oldest first.
+    storage_before: Vec<(u64, String)>,
+    /// helm-controller handled the suspended delete (dropped its finalizer)
+    /// and the fence still held the release: its state then.
+    held: e2e::Observed,
+    /// helm-controller's deletion path ran on the unsuspended release (it
+    /// deletes the HelmChart there, and skips it while suspended).
+    helmchart_deleted: bool,
+    /// Storage once the release was gone.
+    storage: Vec<(u64, String)>,
+    kept_configmap_left: bool,
+    extra_configmap_left: bool,
+    /// `(type, reason)` of flux-plunger's events on the release.
+    events: Vec<(String, String)>,
+}
+
+impl Case {
+    /// Over a stuck release whose cause is gone: starts a test build of
+    /// flux-plunger that pauses right after it took its suspension and its
+    /// fence (`FLUX_PLUNGER_TEST_PAUSE_AT=acquired`), deletes the
+    /// HelmRelease in that window, waits until helm-controller handled the
+    /// suspended delete (it skips the uninstall and drops its finalizer;
+    /// the fence holds the release), lets flux-plunger go on, and waits
+    /// until the release is gone.
+    async fn delete_while_flux_plunger_holds_it(&self) -> Result<AfterTheDelete> {
+        use e2e::observe;
+        use plunger::names::FENCE_FINALIZER;
+        let ns = &self.ns;
+        let gate = tempfile::tempdir()?;
+        let pause = gate.path().join("pause");
+        let (reached, resume) = (
+            pause.with_extension("reached"),
+            pause.with_extension("release"),
+        );
+        let flux_plunger = FluxPlunger::start_with_env(
+            ns,
+            &[
+                ("FLUX_PLUNGER_TEST_PAUSE_AT", Path::new("acquired")),
+                ("FLUX_PLUNGER_TEST_PAUSE_FILE", pause.as_path()),
+            ],
+        )
+        .await?;
+        let logs = || {
+            format!(
+                "{}: flux-plunger's log:\n{}\nhelm-controller's log:\n{}",
+                self.name,
+                flux_plunger.log_text(),
+                self.helm_controller.log_tail()
+            )
+        };
+        wait_for(
+            "flux-plunger paused after taking its suspension",
+            || async { Ok(reached.exists().then_some(())) },
+        )
+        .await
+        .with_context(logs)?;
+        let last = std::sync::Mutex::new(None);
+        let held = wait_for("the suspension and the fence observed", || async {
+            let now = observe(ns, RELEASE)
+                .await?
+                .context("the HelmRelease is gone")?;
+            let done = now.suspend
+                && now.finalizers.iter().any(|f| f == FENCE_FINALIZER)
+                && now.is_observed();
+            *last.lock().unwrap() = Some(now.clone());
+            Ok(done.then_some(now))
+        })
+        .await
+        .with_context(|| format!("last seen {:?}", last.lock().unwrap()))
+        .with_context(logs)?;
+        eprintln!("{}: held by flux-plunger: {held:?}", self.name);
+        let storage_before = revision_statuses(&ns.secrets(), RELEASE).await?;
+
+        e2e::delete(ns, RELEASE).await?;
+        let held = wait_for("helm-controller's suspended delete", || async {
+            let now = observe(ns, RELEASE).await?.context(
+                "the HelmRelease went at helm-controller's suspended delete: \
+                 the fence did not hold it",
+            )?;
+            *last.lock().unwrap() = Some(now.clone());
+            Ok((!now.has_helm_controller_finalizer()).then_some(now))
+        })
+        .await
+        .with_context(|| format!("last seen {:?}", last.lock().unwrap()))
+        .with_context(logs)?;
+        eprintln!(
+            "{}: after helm-controller's suspended delete: {held:?}",
+            self.name
+        );
+        anyhow::ensure!(
+            held.deleting && held.suspend && held.finalizers == [FENCE_FINALIZER],
+            "{}: not held by the fence alone: {held:?}",
+            self.name
+        );
+
+        std::fs::write(&resume, b"")?;
+        let gone = wait_for("the deleted HelmRelease to be gone", || async {
+            let now = observe(ns, RELEASE).await?;
+            let gone = now.is_none();
+            *last.lock().unwrap() = now;
+            Ok(gone.then_some(()))
+        })
+        .await
+        .with_context(|| format!("last seen {:?}", last.lock().unwrap()))
+        .with_context(logs);
+        if let Err(e) = gone {
+            let storage = revision_statuses(&ns.secrets(), RELEASE).await;
+            return Err(e.context(format!("storage then: {storage:?}")));
+        }
+        let after = AfterTheDelete {
+            storage_before,
+            held,
+            helmchart_deleted: !testkit::real_helm_controller::helmchart_exists(ns, RELEASE)
+                .await?,
+            storage: revision_statuses(&ns.secrets(), RELEASE).await?,
+            kept_configmap_left: self.configmap(KEPT_CONFIGMAP).await?.is_some(),
+            extra_configmap_left: self.configmap(EXTRA_CONFIGMAP).await?.is_some(),
+            events: flux_plunger_events(ns).await?,
+        };
+        eprintln!(
+            "{} on helm-controller {}: after the delete: {after:?}\nflux-plunger's log:\n{}",
+            self.name,
+            self.helm_controller.version,
+            flux_plunger.log_text()
+        );
+        Ok(after)
+    }
+
+    /// SPEC §5 where something may be installed: helm-controller ran the
+    /// Helm uninstall, so the chart's objects and the release's storage are
+    /// gone, and flux-plunger warned of nothing.
+    fn assert_uninstalled(&self, after: &AfterTheDelete) {
+        let case = format!("{}: {after:?}", self.name);
+        assert!(after.held.deleting && after.held.suspend, "{case}");
+        assert!(after.helmchart_deleted, "{case}");
+        assert_eq!(
+            after.storage,
+            pairs(&[]),
+            "the release's storage Secrets: {case}"
+        );
+        assert!(!after.kept_configmap_left, "{case}");
+        assert!(!after.extra_configmap_left, "{case}");
+        assert!(after.events.iter().all(|(t, _)| t == "Normal"), "{case}");
+    }
+}
+
+/// A deleted while flux-plunger holds it: the refused uninstall left the
+/// chart's kept ConfigMap and revision 1 `uninstalling`, which
+/// helm-controller's history names. Once the refusal is lifted, the delete
+/// that lands while flux-plunger holds its suspension and fence is a real
+/// uninstall (SPEC §5): the ConfigMap, the storage and the release go.
+#[tokio::test]
+async fn a_deleted_while_flux_plunger_holds_it_is_uninstalled() -> Result<()> {
+    let case = Case::start("a-deleted").await?;
+    let refusal = refuse_deleting_the_kept_configmap(&case).await?;
+    case.create_failing_release(json!({})).await?;
+    let stuck = Stuck {
+        reason: "StateError",
+        message: "Could not determine release state: \
+                  unable to determine state for release with status 'uninstalling'"
+            .to_owned(),
+        storage: pairs(&[(1, "uninstalling")]),
+        history: pairs(&[(1, "uninstalling")]),
+    };
+    case.wait_stuck("stuck over an uninstalling revision", &stuck, None)
+        .await?;
+    assert!(case.configmap(KEPT_CONFIGMAP).await?.is_some());
+    refusal.lift().await?;
+
+    let after = case.delete_while_flux_plunger_holds_it().await?;
+    assert_eq!(
+        after.storage_before,
+        pairs(&[(1, "uninstalling")]),
+        "{after:?}"
+    );
+    case.assert_uninstalled(&after);
+    Ok(())
+}
+
+/// B deleted while flux-plunger holds it: the newest revision is
+/// `uninstalled` (Helm deleted the objects and kept the record), so nothing
+/// is installed: nothing is handed over, the fence goes once helm-controller
+/// has let the release go (SPEC §5a, §5d), and the `uninstalled` record Helm
+/// kept stays.
+#[tokio::test]
+async fn b_deleted_while_flux_plunger_holds_it_is_let_go_without_a_hand_over() -> Result<()> {
+    use plunger::names::reasons;
+    let case = Case::start("b-deleted").await?;
+    stuck_after_a_remediation_that_kept_history(&case).await?;
+
+    let after = case.delete_while_flux_plunger_holds_it().await?;
+    let case_text = format!("b: {after:?}");
+    assert_eq!(
+        after.storage_before,
+        pairs(&[(1, "uninstalled")]),
+        "{case_text}"
+    );
+    // The fence held the release past helm-controller's suspended delete,
+    // and helm-controller's deletion path ran on the unsuspended release
+    // before the fence went.
+    assert!(after.held.deleting && after.held.suspend, "{case_text}");
+    assert!(after.helmchart_deleted, "{case_text}");
+    assert_eq!(
+        after.storage,
+        pairs(&[(1, "uninstalled")]),
+        "the record Helm kept: {case_text}"
+    );
+    assert!(!after.kept_configmap_left, "{case_text}");
+    assert!(!after.extra_configmap_left, "{case_text}");
+    assert!(
+        !after.events.contains(&(
+            "Normal".to_owned(),
+            reasons::UNINSTALL_HANDED_OVER.to_owned()
+        )),
+        "{case_text}"
+    );
+    assert!(
+        after.events.iter().all(|(t, _)| t == "Normal"),
+        "{case_text}"
+    );
+    Ok(())
+}
+
+/// C deleted while flux-plunger holds it: helm-controller was killed in
+/// its uninstall remediation, leaving revision 1 `uninstalling` and (after
+/// the restart) an empty history. Once whatever held the chart's ConfigMap
+/// lets go, the delete that lands while flux-plunger holds the release is a
+/// real uninstall (SPEC §5a: the newest revision handed over): the storage
+/// and the release go.
+#[tokio::test]
+async fn c_deleted_while_flux_plunger_holds_it_is_uninstalled() -> Result<()> {
+    use plunger::names::reasons;
+    let mut case = Case::start("c-deleted").await?;
+    case.create_failing_release(json!({
+        "values": { "holdDelete": true },
+        "uninstall": { "disableWait": false, "timeout": "10m" },
+    }))
+    .await?;
+    case.wait_report("the uninstall remediation under way", |r| {
+        r.storage == pairs(&[(1, "uninstalling")])
+    })
+    .await?;
+    wait_for("the kept ConfigMap held by its finalizer", || async {
+        Ok(case
+            .configmap(KEPT_CONFIGMAP)
+            .await?
+            .is_some_and(|c| c.metadata.deletion_timestamp.is_some())
+            .then_some(()))
+    })
+    .await?;
+    case.helm_controller.kill().await?;
+    case.helm_controller.start_again().await?;
+    let stuck = Stuck {
+        reason: "UpgradeFailed",
+        message: format!(
+            "Helm upgrade failed for release {}/{RELEASE} with chart demo@1.0.0: \
+             \"{RELEASE}\" has no deployed releases",
+            case.ns.name
+        ),
+        storage: pairs(&[(1, "uninstalling")]),
+        history: pairs(&[]),
+    };
+    case.wait_stuck("stuck after the restart", &stuck, None)
+        .await?;
+    case.configmaps()
+        .patch(
+            KEPT_CONFIGMAP,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+        )
+        .await?;
+
+    let after = case.delete_while_flux_plunger_holds_it().await?;
+    assert_eq!(
+        after.storage_before,
+        pairs(&[(1, "uninstalling")]),
+        "{after:?}"
+    );
+    case.assert_uninstalled(&after);
+    let handed_over = wait_for("flux-plunger's UninstallHandedOver event", || async {
+        let events = flux_plunger_events(&case.ns).await?;
+        Ok(events
+            .contains(&(
+                "Normal".to_owned(),
+                reasons::UNINSTALL_HANDED_OVER.to_owned(),
+            ))
+            .then_some(events))
+    })
+    .await?;
+    eprintln!("c: flux-plunger's events {handed_over:?}");
+    Ok(())
+}
