@@ -801,14 +801,29 @@ async fn flux_plunger_events(ns: &TestNamespace) -> Result<Vec<(String, String)>
     Ok(seen)
 }
 
+/// Who handles the delete that lands while flux-plunger holds the release.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum First {
+    /// helm-controller handles the suspended delete (skips the uninstall,
+    /// drops its finalizer), then flux-plunger goes on.
+    HelmController,
+    /// flux-plunger goes on and lifts its suspension before helm-controller
+    /// can finish with the delete (an admission policy refuses its finalizer
+    /// removal until then).
+    FluxPlunger,
+}
+
 /// What a delete that landed while flux-plunger held the release left.
 #[derive(Debug)]
 struct AfterTheDelete {
     /// Storage as the delete met it: `(revision, status label)`, oldest first.
     storage_before: Vec<(u64, String)>,
-    /// helm-controller handled the suspended delete (dropped its finalizer)
-    /// and the fence still held the release: its state then.
-    held: e2e::Observed,
+    /// The chart's kept ConfigMap was there as the delete met the release.
+    kept_configmap_before: bool,
+    /// When helm-controller went first: it handled the suspended delete
+    /// (dropped its finalizer) and the fence still held the release: its
+    /// state then.
+    held: Option<e2e::Observed>,
     /// helm-controller's deletion path ran on the unsuspended release (it
     /// deletes the HelmChart there, and skips it while suspended).
     helmchart_deleted: bool,
@@ -828,7 +843,7 @@ impl Case {
     /// suspended delete (it skips the uninstall and drops its finalizer;
     /// the fence holds the release), lets flux-plunger go on, and waits
     /// until the release is gone.
-    async fn delete_while_flux_plunger_holds_it(&self) -> Result<AfterTheDelete> {
+    async fn delete_while_flux_plunger_holds_it(&self, first: First) -> Result<AfterTheDelete> {
         use e2e::observe;
         use plunger::names::FENCE_FINALIZER;
         let ns = &self.ns;
@@ -876,30 +891,89 @@ impl Case {
         .with_context(logs)?;
         eprintln!("{}: held by flux-plunger: {held:?}", self.name);
         let storage_before = revision_statuses(&ns.secrets(), RELEASE).await?;
+        let kept_configmap_before = self.configmap(KEPT_CONFIGMAP).await?.is_some();
+
+        const REFUSED: &str =
+            "test: helm-controller's finalizer stays until flux-plunger has resumed";
+        let refusal = match first {
+            First::HelmController => None,
+            First::FluxPlunger => {
+                let refusal = ns
+                    .refuse(
+                        "keep-helm-controller-finalizer",
+                        json!({"apiGroups": ["helm.toolkit.fluxcd.io"], "apiVersions": ["*"], "operations": ["UPDATE"], "resources": ["helmreleases"]}),
+                        &format!(
+                            "!has(oldObject.metadata.finalizers) || !('{f}' in oldObject.metadata.finalizers) \
+                             || (has(object.metadata.finalizers) && '{f}' in object.metadata.finalizers)",
+                            f = plunger::names::HELM_CONTROLLER_FINALIZER
+                        ),
+                        REFUSED,
+                    )
+                    .await?;
+                let dry_run = PatchParams {
+                    dry_run: true,
+                    ..PatchParams::default()
+                };
+                let drop_finalizers = Patch::Merge(json!({"metadata": {"finalizers": []}}));
+                wait_for("the finalizer refusal in force", || async {
+                    Ok(ns
+                        .releases()
+                        .patch(RELEASE, &dry_run, &drop_finalizers)
+                        .await
+                        .is_err()
+                        .then_some(()))
+                })
+                .await?;
+                Some(refusal)
+            }
+        };
 
         e2e::delete(ns, RELEASE).await?;
-        let held = wait_for("helm-controller's suspended delete", || async {
-            let now = observe(ns, RELEASE).await?.context(
-                "the HelmRelease went at helm-controller's suspended delete: \
+        let held = if first == First::FluxPlunger {
+            wait_for("helm-controller refused its finalizer removal", || async {
+                Ok((self.helm_controller.log_tail().contains(REFUSED)
+                    || self.helm_controller.passes_failed_with(REFUSED) > 0)
+                    .then_some(()))
+            })
+            .await
+            .with_context(logs)?;
+            None
+        } else {
+            let held = wait_for("helm-controller's suspended delete", || async {
+                let now = observe(ns, RELEASE).await?.context(
+                    "the HelmRelease went at helm-controller's suspended delete: \
                  the fence did not hold it",
-            )?;
-            *last.lock().unwrap() = Some(now.clone());
-            Ok((!now.has_helm_controller_finalizer()).then_some(now))
-        })
-        .await
-        .with_context(|| format!("last seen {:?}", last.lock().unwrap()))
-        .with_context(logs)?;
-        eprintln!(
-            "{}: after helm-controller's suspended delete: {held:?}",
-            self.name
-        );
-        anyhow::ensure!(
-            held.deleting && held.suspend && held.finalizers == [FENCE_FINALIZER],
-            "{}: not held by the fence alone: {held:?}",
-            self.name
-        );
+                )?;
+                *last.lock().unwrap() = Some(now.clone());
+                Ok((!now.has_helm_controller_finalizer()).then_some(now))
+            })
+            .await
+            .with_context(|| format!("last seen {:?}", last.lock().unwrap()))
+            .with_context(logs)?;
+            eprintln!(
+                "{}: after helm-controller's suspended delete: {held:?}",
+                self.name
+            );
+            anyhow::ensure!(
+                held.deleting && held.suspend && held.finalizers == [FENCE_FINALIZER],
+                "{}: not held by the fence alone: {held:?}",
+                self.name
+            );
+            Some(held)
+        };
 
         std::fs::write(&resume, b"")?;
+        if let Some(refusal) = refusal {
+            wait_for("flux-plunger lifted its suspension", || async {
+                let now = observe(ns, RELEASE)
+                    .await?
+                    .context("the HelmRelease is gone")?;
+                Ok((!now.suspend).then_some(()))
+            })
+            .await
+            .with_context(logs)?;
+            refusal.lift().await?;
+        }
         let gone = wait_for("the deleted HelmRelease to be gone", || async {
             let now = observe(ns, RELEASE).await?;
             let gone = now.is_none();
@@ -915,6 +989,7 @@ impl Case {
         }
         let after = AfterTheDelete {
             storage_before,
+            kept_configmap_before,
             held,
             helmchart_deleted: !testkit::real_helm_controller::helmchart_exists(ns, RELEASE)
                 .await?,
@@ -937,7 +1012,10 @@ impl Case {
     /// gone, and flux-plunger warned of nothing.
     fn assert_uninstalled(&self, after: &AfterTheDelete) {
         let case = format!("{}: {after:?}", self.name);
-        assert!(after.held.deleting && after.held.suspend, "{case}");
+        assert!(
+            after.held.as_ref().is_none_or(|h| h.deleting && h.suspend),
+            "{case}"
+        );
         assert!(after.helmchart_deleted, "{case}");
         assert_eq!(
             after.storage,
@@ -957,7 +1035,16 @@ impl Case {
 /// uninstall (SPEC §5): the ConfigMap, the storage and the release go.
 #[tokio::test]
 async fn a_deleted_while_flux_plunger_holds_it_is_uninstalled() -> Result<()> {
-    let case = Case::start("a-deleted").await?;
+    futures::future::try_join(
+        a_deleted("a-deleted-hc", First::HelmController),
+        a_deleted("a-deleted-fp", First::FluxPlunger),
+    )
+    .await?;
+    Ok(())
+}
+
+async fn a_deleted(name: &'static str, first: First) -> Result<()> {
+    let case = Case::start(name).await?;
     let refusal = refuse_deleting_the_kept_configmap(&case).await?;
     case.create_failing_release(json!({})).await?;
     let stuck = Stuck {
@@ -973,12 +1060,14 @@ async fn a_deleted_while_flux_plunger_holds_it_is_uninstalled() -> Result<()> {
     assert!(case.configmap(KEPT_CONFIGMAP).await?.is_some());
     refusal.lift().await?;
 
-    let after = case.delete_while_flux_plunger_holds_it().await?;
+    let after = case.delete_while_flux_plunger_holds_it(first).await?;
     assert_eq!(
         after.storage_before,
         pairs(&[(1, "uninstalling")]),
         "{after:?}"
     );
+    // What the refused uninstall left was there for the delete to remove.
+    assert!(after.kept_configmap_before, "{name}: {after:?}");
     case.assert_uninstalled(&after);
     Ok(())
 }
@@ -990,12 +1079,21 @@ async fn a_deleted_while_flux_plunger_holds_it_is_uninstalled() -> Result<()> {
 /// kept stays.
 #[tokio::test]
 async fn b_deleted_while_flux_plunger_holds_it_is_let_go_without_a_hand_over() -> Result<()> {
+    futures::future::try_join(
+        b_deleted("b-deleted-hc", First::HelmController),
+        b_deleted("b-deleted-fp", First::FluxPlunger),
+    )
+    .await?;
+    Ok(())
+}
+
+async fn b_deleted(name: &'static str, first: First) -> Result<()> {
     use plunger::names::reasons;
-    let case = Case::start("b-deleted").await?;
+    let case = Case::start(name).await?;
     stuck_after_a_remediation_that_kept_history(&case).await?;
 
-    let after = case.delete_while_flux_plunger_holds_it().await?;
-    let case_text = format!("b: {after:?}");
+    let after = case.delete_while_flux_plunger_holds_it(first).await?;
+    let case_text = format!("{name}: {after:?}");
     assert_eq!(
         after.storage_before,
         pairs(&[(1, "uninstalled")]),
@@ -1004,7 +1102,10 @@ async fn b_deleted_while_flux_plunger_holds_it_is_let_go_without_a_hand_over() -
     // The fence held the release past helm-controller's suspended delete,
     // and helm-controller's deletion path ran on the unsuspended release
     // before the fence went.
-    assert!(after.held.deleting && after.held.suspend, "{case_text}");
+    assert!(
+        after.held.as_ref().is_none_or(|h| h.deleting && h.suspend),
+        "{case_text}"
+    );
     assert!(after.helmchart_deleted, "{case_text}");
     assert_eq!(
         after.storage,
@@ -1035,8 +1136,17 @@ async fn b_deleted_while_flux_plunger_holds_it_is_let_go_without_a_hand_over() -
 /// and the release go.
 #[tokio::test]
 async fn c_deleted_while_flux_plunger_holds_it_is_uninstalled() -> Result<()> {
+    futures::future::try_join(
+        c_deleted("c-deleted-hc", First::HelmController),
+        c_deleted("c-deleted-fp", First::FluxPlunger),
+    )
+    .await?;
+    Ok(())
+}
+
+async fn c_deleted(name: &'static str, first: First) -> Result<()> {
     use plunger::names::reasons;
-    let mut case = Case::start("c-deleted").await?;
+    let mut case = Case::start(name).await?;
     case.create_failing_release(json!({
         "values": { "holdDelete": true },
         "uninstall": { "disableWait": false, "timeout": "10m" },
@@ -1076,7 +1186,7 @@ async fn c_deleted_while_flux_plunger_holds_it_is_uninstalled() -> Result<()> {
         )
         .await?;
 
-    let after = case.delete_while_flux_plunger_holds_it().await?;
+    let after = case.delete_while_flux_plunger_holds_it(first).await?;
     assert_eq!(
         after.storage_before,
         pairs(&[(1, "uninstalling")]),
@@ -1093,6 +1203,6 @@ async fn c_deleted_while_flux_plunger_holds_it_is_uninstalled() -> Result<()> {
             .then_some(events))
     })
     .await?;
-    eprintln!("c: flux-plunger's events {handed_over:?}");
+    eprintln!("{name}: flux-plunger's events {handed_over:?}");
     Ok(())
 }
