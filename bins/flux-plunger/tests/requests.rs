@@ -23,23 +23,18 @@ fn requests_since(offset: u64, user: &str, namespace: &str) -> Result<Vec<(Strin
         .collect())
 }
 
-#[tokio::test]
-async fn a_recovery_sends_the_requests_of_its_steps_and_its_event_and_nothing_more() -> Result<()> {
-    let plane = control_plane();
-    let admin = plane.client().await?;
-    let ns = TestNamespace::create(&admin, "requests").await?;
-    // The chart's ServiceAccount under its admission guard: the audit log
-    // tells its requests apart, and the guard refuses none of them.
+/// The controller of the chart's ServiceAccount, under its admission guard
+/// (the audit log tells its requests apart, and the guard refuses none of
+/// them), watching `ns` with `extra` flags, once its watch has synced; and
+/// that user's name.
+async fn start_watching(
+    ns: &TestNamespace,
+    extra: &[&str],
+) -> Result<(LoggedProcess, String, tempfile::TempDir)> {
     let guarded = testkit::guard::shared()?;
     let dir = tempfile::tempdir()?;
     let kubeconfig = dir.path().join("kubeconfig");
     guarded.write_controller_kubeconfig(&kubeconfig)?;
-    let username = guarded.controller_user();
-
-    ns.create_release("web", json!({})).await?;
-    ns.create_storage_secret("web", 1, "superseded").await?;
-    ns.create_storage_secret("web", 2, "uninstalling").await?;
-
     let mut command = Command::new(env!("CARGO_BIN_EXE_flux-plunger"));
     command
         .arg(format!("--kubeconfig={}", kubeconfig.display()))
@@ -51,11 +46,24 @@ async fn a_recovery_sends_the_requests_of_its_steps_and_its_event_and_nothing_mo
             "--log-encoding=console",
             "--log-level=debug",
         ])
+        .args(extra)
         .env_remove("RUST_LOG");
-    let mut controller = LoggedProcess::spawn(command, "controller")?;
+    let controller = LoggedProcess::spawn(command, "controller")?;
     controller
         .wait_logged("the HelmRelease watch has synced", Duration::from_secs(60))
         .await?;
+    Ok((controller, guarded.controller_user(), dir))
+}
+
+#[tokio::test]
+async fn a_recovery_sends_the_requests_of_its_steps_and_its_event_and_nothing_more() -> Result<()> {
+    let plane = control_plane();
+    let admin = plane.client().await?;
+    let ns = TestNamespace::create(&admin, "requests").await?;
+    ns.create_release("web", json!({})).await?;
+    ns.create_storage_secret("web", 1, "superseded").await?;
+    ns.create_storage_secret("web", 2, "uninstalling").await?;
+    let (mut controller, username, _dir) = start_watching(&ns, &[]).await?;
 
     let offset = audit::mark();
     ns.mark_stuck("web").await?;
@@ -106,34 +114,13 @@ async fn a_release_turned_away_by_the_rate_limit_costs_one_read_and_one_listing_
     let plane = control_plane();
     let admin = plane.client().await?;
     let ns = TestNamespace::create(&admin, "requests-waiting").await?;
-    let guarded = testkit::guard::shared()?;
-    let dir = tempfile::tempdir()?;
-    let kubeconfig = dir.path().join("kubeconfig");
-    guarded.write_controller_kubeconfig(&kubeconfig)?;
-    let username = guarded.controller_user();
     for name in ["first", "later"] {
         ns.create_release(name, json!({})).await?;
         ns.create_storage_secret(name, 1, "superseded").await?;
         ns.create_storage_secret(name, 2, "uninstalling").await?;
     }
-
-    let mut command = Command::new(env!("CARGO_BIN_EXE_flux-plunger"));
-    command
-        .arg(format!("--kubeconfig={}", kubeconfig.display()))
-        .arg(format!("--watch-namespace={}", ns.name))
-        .args([
-            "--leader-elect=false",
-            "--max-recoveries-per-minute=1",
-            "--metrics-addr=127.0.0.1:0",
-            "--health-addr=127.0.0.1:0",
-            "--log-encoding=console",
-            "--log-level=debug",
-        ])
-        .env_remove("RUST_LOG");
-    let mut controller = LoggedProcess::spawn(command, "controller")?;
-    controller
-        .wait_logged("the HelmRelease watch has synced", Duration::from_secs(60))
-        .await?;
+    let (mut controller, username, _dir) =
+        start_watching(&ns, &["--max-recoveries-per-minute=1"]).await?;
     // The minute's one recovery goes to the first.
     ns.mark_stuck("first").await?;
     eventually(Duration::from_secs(60), "the first is recovered", || {
