@@ -211,6 +211,16 @@ impl Reconciler {
         self
     }
 
+    /// `apply::apply` as this reconciler's client, for its install.
+    async fn apply(
+        &self,
+        release: &ReleaseView,
+        claim: Claim,
+        force: bool,
+    ) -> kube::Result<DynamicObject> {
+        apply::apply(&self.client, release, claim, force, &self.install).await
+    }
+
     /// The install whose fences this reconciler writes and settles.
     pub fn install(&self) -> &Install {
         &self.install
@@ -532,20 +542,15 @@ impl Reconciler {
             } => {
                 let mut held = release.clone();
                 if label_fence && !self.controls.dry_run {
-                    let object = apply::apply(
-                        &self.client,
-                        release,
-                        Claim::FENCE_ONLY,
-                        false,
-                        &self.install,
-                    )
-                    .await
-                    .map_err(|source| Error::LabelFence {
-                        key: release.key(),
-                        source,
-                    })?;
+                    let object = self
+                        .apply(release, Claim::FENCE_ONLY, false)
+                        .await
+                        .map_err(|source| Error::LabelFence {
+                            key: release.key(),
+                            source,
+                        })?;
                     held = self.view(&object);
-                    tracing::info!(release = %release.key(), "labelled an uninstall fence an older flux-plunger set");
+                    tracing::info!(release = %release.key(), "labelled the uninstall fence as this install's");
                 }
                 if let Some(event) = event {
                     self.events.record(release, &event).await;
@@ -725,7 +730,7 @@ impl Reconciler {
         } else {
             Claim::NOTHING
         };
-        let written = match apply::apply(&self.client, release, claim, false, &self.install).await {
+        let written = match self.apply(release, claim, false).await {
             Ok(object) => self.view(&object),
             Err(err) if is_field_manager_conflict(&err) => {
                 let let_go = decide::let_go_without_apply(release, keep_fence);
@@ -914,18 +919,13 @@ impl Reconciler {
         if release.has_fence() || self.controls.dry_run {
             return Ok(None);
         }
-        let written = apply::apply(
-            &self.client,
-            release,
-            Claim::FENCE_ONLY,
-            false,
-            &self.install,
-        )
-        .await
-        .map_err(|source| Error::FenceWhileWaiting {
-            key: release.key(),
-            source,
-        })?;
+        let written = self
+            .apply(release, Claim::FENCE_ONLY, false)
+            .await
+            .map_err(|source| Error::FenceWhileWaiting {
+                key: release.key(),
+                source,
+            })?;
         tracing::info!(release = %release.key(), "fenced the stuck release while its recovery waits");
         Ok(written.metadata.resource_version)
     }
@@ -954,7 +954,7 @@ impl Reconciler {
             source,
         };
         self.pause_at_step(Step::BeforeAcquire).await;
-        match apply::apply(&self.client, planned, claim, false, &self.install).await {
+        match self.apply(planned, claim, false).await {
             Ok(object) => return Ok(Acquisition::Held(Box::new(self.view(&object)))),
             Err(err) if is_api_code(&err, 409) => {}
             Err(err) => return Err(acquire_error(err)),
@@ -966,7 +966,7 @@ impl Reconciler {
             return Ok(refused);
         }
         self.pause_at_step(Step::BeforeForcedAcquire).await;
-        match apply::apply(&self.client, &again, claim, true, &self.install).await {
+        match self.apply(&again, claim, true).await {
             Ok(object) => Ok(Acquisition::Held(Box::new(self.view(&object)))),
             // What the release is now decides, not the 409: somebody's
             // suspension or a delete defers (their end wakes the watch); a
