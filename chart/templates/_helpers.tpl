@@ -247,6 +247,24 @@ YAML list, or nothing.
 {{- end }}
 {{- end }}
 
+{{/*
+The ports of a NetworkPolicy egress rule, each TCP: `.ports` (a list of
+numbers), taken from the value `.value`. An empty list is refused here as well
+as by values.schema.json (so that --skip-schema-validation cannot get it
+through): a rule without ports allows every port. A YAML list.
+*/}}
+{{- define "flux-plunger.tcpPorts" -}}
+{{- if not .ports }}
+{{- fail (printf "%s is empty: an egress rule without ports would allow every port" .value) }}
+{{- end }}
+{{- range $i, $port := .ports }}
+{{- if $i }}
+{{ end -}}
+- port: {{ $port }}
+  protocol: TCP
+{{- end }}
+{{- end }}
+
 {{/* The image of every container: repository@digest when a digest is given, else repository:tag. */}}
 {{- define "flux-plunger.image" -}}
 {{- if .Values.image.digest }}
@@ -391,14 +409,25 @@ events-addr: set eventsAddr
 {{- end }}
 
 {{/*
-extraArgs, a YAML list (nothing when empty), refused when one names a flag of flux-plunger.chartFlags.
+extraArgs, a YAML list (nothing when empty), refused when one names a flag of
+flux-plunger.chartFlags, or asks for the help or the version (--help, -h,
+--version, -V): the controller prints it and exits 0 without running, and the
+kubelet restarts a Deployment's container whatever its exit code, so the pod
+would loop for ever with nothing in its log but the help. Any other flag is
+passed as given, after the chart's: one the image does not know stops the
+controller at start with clap's "unexpected argument" (exit code 2).
 */}}
 {{- define "flux-plunger.extraArgs" -}}
 {{- $owned := include "flux-plunger.chartFlags" . | fromYaml }}
 {{- range .Values.extraArgs }}
-{{- $flag := regexReplaceAll "^--([^=]*).*$" (toString .) "${1}" }}
+{{- $arg := toString . }}
+{{- $flag := regexReplaceAll "^--([^=]*).*$" $arg "${1}" }}
 {{- if hasKey $owned $flag }}
 {{- fail (printf "extraArgs: --%s is the chart's to pass (the controller refuses a flag given twice): %s" $flag (get $owned $flag)) }}
+{{- end }}
+{{- if or (has $flag (list "help" "version")) (has $arg (list "-h" "-V")) }}
+{{- $ask := ternary (printf "--%s" $flag) $arg (has $flag (list "help" "version")) }}
+{{- fail (printf "extraArgs: %s makes the controller print and exit without running, and the pod would restart it for ever: ask a running pod instead, kubectl exec -n %s deploy/%s -c flux-plunger -- flux-plunger %s" $arg $.Release.Namespace (include "flux-plunger.fullname" $) $ask) }}
 {{- end }}
 {{- end }}
 {{- with .Values.extraArgs }}
