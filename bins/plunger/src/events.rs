@@ -66,7 +66,7 @@ impl Events {
             tracing::warn!(release = %release.key(), reason = event.reason, error = %err, "could not record the event");
         }
         if let Some(forwarder) = &self.forwarder {
-            forwarder.forward(release, event).await;
+            forwarder.forward(release, event);
         }
     }
 }

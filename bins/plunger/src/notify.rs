@@ -1,6 +1,8 @@
 //! Events forwarded to Flux's notification-controller (`--events-addr`), in
 //! the event format Flux's own controllers post, so that Flux Alerts fire on
-//! flux-plunger's recoveries and warnings like on any Flux event.
+//! flux-plunger's recoveries and warnings like on any Flux event: the
+//! release's revision in the metadata (commit-status providers refuse an
+//! event without one), and the retries of Flux's own event recorder.
 
 use std::time::Duration;
 
@@ -11,12 +13,63 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use serde_json::{Value, json};
 
-use crate::names::{HELMRELEASE_API_VERSION, HELMRELEASE_KIND};
+use crate::names::{HELMRELEASE_API_VERSION, HELMRELEASE_GROUP, HELMRELEASE_KIND};
 use crate::notices::EventSpec;
 use crate::release::view::ReleaseView;
 
-/// How long one post may take before it is given up (logged, not retried).
+/// How long one post may take before it counts as failed (Flux's recorder's
+/// HTTP timeout).
 const POST_TIMEOUT: Duration = Duration::from_secs(5);
+/// How many times a failed post is tried again, and the first wait, which
+/// doubles each time: Flux's event recorder (a retryablehttp client with its
+/// defaults) does the same, so notification-controller meets flux-plunger's
+/// events as it meets Flux's.
+const RETRIES: u32 = 4;
+const FIRST_RETRY_AFTER: Duration = Duration::from_secs(1);
+const LONGEST_RETRY_AFTER: Duration = Duration::from_secs(30);
+
+/// How one post ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Posted {
+    /// A 2xx answer.
+    Accepted,
+    /// No answer: the connection failed or the post timed out.
+    Unanswered,
+    /// Any other HTTP status.
+    Answered(u16),
+}
+
+/// How long to wait before trying again after post number `attempt` (from
+/// 0) ended `posted`, or `None` when it is over. As Flux's recorder: a
+/// connection failure or a 5xx answer (but 501, "not implemented") is tried
+/// again; 429 is notification-controller saying it has this event already,
+/// and any other answer will not change.
+pub fn retry_after(attempt: u32, posted: Posted) -> Option<Duration> {
+    let worth_retrying = match posted {
+        Posted::Accepted => false,
+        Posted::Unanswered => true,
+        Posted::Answered(status) => status >= 500 && status != 501,
+    };
+    (worth_retrying && attempt < RETRIES)
+        .then(|| (FIRST_RETRY_AFTER * 2u32.pow(attempt)).min(LONGEST_RETRY_AFTER))
+}
+
+/// The metadata Flux's providers read, keyed as helm-controller keys its own
+/// events (`<group>/revision`, `<group>/token`): the chart version
+/// helm-controller last tried and the digest of its values.
+fn event_metadata(release: &ReleaseView) -> serde_json::Map<String, Value> {
+    [
+        ("revision", &release.last_attempted_revision),
+        ("token", &release.last_attempted_config_digest),
+    ]
+    .into_iter()
+    .filter_map(|(key, value)| {
+        value
+            .as_ref()
+            .map(|v| (format!("{HELMRELEASE_GROUP}/{key}"), json!(v)))
+    })
+    .collect()
+}
 
 /// The body Flux's notification-controller accepts (`event.Event`).
 pub fn flux_event(
@@ -42,6 +95,10 @@ pub fn flux_event(
     });
     if let Some(instance) = instance {
         body["reportingInstance"] = json!(instance);
+    }
+    let metadata = event_metadata(release);
+    if !metadata.is_empty() {
+        body["metadata"] = Value::Object(metadata);
     }
     body
 }
@@ -73,29 +130,54 @@ impl Forwarder {
         })
     }
 
-    /// Posts `event`; a failure is logged and dropped.
-    pub async fn forward(&self, release: &ReleaseView, event: &EventSpec) {
+    /// Posts `event` in the background, tried again as [`retry_after`]
+    /// says: a slow or absent notification-controller never holds a
+    /// recovery. What still fails is logged and dropped.
+    pub fn forward(&self, release: &ReleaseView, event: &EventSpec) {
         let now = k8s_openapi::jiff::Timestamp::now().to_string();
-        let body = flux_event(release, event, self.instance.as_deref(), &now);
+        let body =
+            Bytes::from(flux_event(release, event, self.instance.as_deref(), &now).to_string());
+        let forwarder = self.clone();
+        tokio::spawn(async move { forwarder.deliver(body).await });
+    }
+
+    async fn deliver(&self, body: Bytes) {
+        let mut attempt = 0;
+        loop {
+            let posted = self.post(body.clone()).await;
+            let Some(wait) = retry_after(attempt, posted) else {
+                if posted != Posted::Accepted {
+                    tracing::warn!(address = %self.address, attempts = attempt + 1, outcome = ?posted, "notification-controller did not take the event");
+                }
+                return;
+            };
+            tokio::time::sleep(wait).await;
+            attempt += 1;
+        }
+    }
+
+    async fn post(&self, body: Bytes) -> Posted {
         let request = http::Request::post(self.address.clone())
             .header(http::header::CONTENT_TYPE, "application/json")
-            .body(Full::new(Bytes::from(body.to_string())));
+            .body(Full::new(body));
         let Ok(request) = request else {
-            return;
+            return Posted::Answered(0);
         };
         match tokio::time::timeout(POST_TIMEOUT, self.client.request(request)).await {
-            Ok(Ok(response)) if response.status().is_success() => {
-                let _ = response.into_body().collect().await;
-            }
             Ok(Ok(response)) => {
-                tracing::warn!(status = %response.status(), address = %self.address, "notification-controller refused the event");
+                let status = response.status();
+                let _ = tokio::time::timeout(POST_TIMEOUT, response.into_body().collect()).await;
+                if status.is_success() {
+                    Posted::Accepted
+                } else {
+                    Posted::Answered(status.as_u16())
+                }
             }
             Ok(Err(err)) => {
-                tracing::warn!(error = %err, address = %self.address, "could not post the event to notification-controller")
+                tracing::debug!(error = %err, address = %self.address, "could not post the event to notification-controller");
+                Posted::Unanswered
             }
-            Err(_) => {
-                tracing::warn!(address = %self.address, "posting the event to notification-controller timed out")
-            }
+            Err(_) => Posted::Unanswered,
         }
     }
 }
@@ -129,6 +211,64 @@ mod tests {
                 "reportingInstance": "pod-a",
             })
         );
+    }
+
+    #[test]
+    fn the_revision_and_the_token_are_the_metadata_helm_controller_sends() {
+        let release = ReleaseView {
+            namespace: "apps".into(),
+            name: "web".into(),
+            last_attempted_revision: Some("1.2.3".into()),
+            last_attempted_config_digest: Some("sha256:abc".into()),
+            ..Default::default()
+        };
+        let event = EventSpec {
+            warning: false,
+            reason: "Recovered",
+            action: "Recover",
+            note: "recovered".into(),
+        };
+        let body = flux_event(&release, &event, None, "2026-01-01T00:00:00Z");
+        assert_eq!(
+            body["metadata"],
+            json!({"helm.toolkit.fluxcd.io/revision": "1.2.3", "helm.toolkit.fluxcd.io/token": "sha256:abc"})
+        );
+        let unknown = ReleaseView {
+            last_attempted_config_digest: None,
+            ..release
+        };
+        assert_eq!(
+            flux_event(&unknown, &event, None, "2026-01-01T00:00:00Z")["metadata"],
+            json!({"helm.toolkit.fluxcd.io/revision": "1.2.3"})
+        );
+    }
+
+    #[test]
+    fn failed_posts_are_tried_again_as_fluxs_recorder_does() {
+        let secs = |attempt, posted| retry_after(attempt, posted).map(|d| d.as_secs());
+        // Unanswered or a server error: four more tries, 1, 2, 4 and 8 s apart.
+        for posted in [
+            Posted::Unanswered,
+            Posted::Answered(500),
+            Posted::Answered(503),
+        ] {
+            let waits: Vec<_> = (0..5).map(|a| secs(a, posted)).collect();
+            assert_eq!(
+                waits,
+                [Some(1), Some(2), Some(4), Some(8), None],
+                "{posted:?}"
+            );
+        }
+        // Taken, a duplicate (429), refused (4xx) or not implemented: done.
+        for posted in [
+            Posted::Accepted,
+            Posted::Answered(429),
+            Posted::Answered(400),
+            Posted::Answered(499),
+            Posted::Answered(501),
+        ] {
+            assert_eq!(secs(0, posted), None, "{posted:?}");
+        }
     }
 
     #[test]

@@ -71,6 +71,12 @@ pub struct ReleaseView {
     /// `status.lastHandledReconcileAt`: the reconcile request helm-controller
     /// last handled.
     pub last_handled_reconcile_at: Option<String>,
+    /// `status.lastAttemptedRevision`: the chart version helm-controller
+    /// last tried to release, which Flux's events carry as the revision.
+    pub last_attempted_revision: Option<String>,
+    /// `status.lastAttemptedConfigDigest`: the digest of the values of that
+    /// try, which Flux's events carry as the token.
+    pub last_attempted_config_digest: Option<String>,
     /// Fields that were present but could not be read, for a log line.
     pub malformed: Vec<&'static str>,
 }
@@ -198,6 +204,8 @@ impl ReleaseView {
             has_history,
             released,
             last_handled_reconcile_at: non_empty_str(status, "lastHandledReconcileAt"),
+            last_attempted_revision: non_empty_str(status, "lastAttemptedRevision"),
+            last_attempted_config_digest: non_empty_str(status, "lastAttemptedConfigDigest"),
             malformed,
         }
     }

@@ -105,11 +105,23 @@ async fn events_are_posted_to_flux_notification_controller_in_its_format() -> Re
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let w = world("notify").await?;
     w.stuck_release("web", &[(1, "uninstalling")]).await?;
-    // A notification-controller on loopback: answers 202 and keeps each body.
+    plunger::release::api::helmreleases(w.client.clone(), &w.ns.name)
+        .patch_status(
+            "web",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {
+                "lastAttemptedRevision": "1.0.0",
+                "lastAttemptedConfigDigest": "sha256:0123",
+            }})),
+        )
+        .await?;
+    // A notification-controller on loopback: keeps each body, and answers
+    // the first post 503 (as one restarting does), the others 202.
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let address = format!("http://{}/", listener.local_addr()?);
     let (bodies_tx, mut bodies) = tokio::sync::mpsc::unbounded_channel::<Value>();
     tokio::spawn(async move {
+        let mut posts = 0;
         while let Ok((mut socket, _)) = listener.accept().await {
             let mut buffer = Vec::new();
             let mut chunk = [0u8; 4096];
@@ -134,10 +146,13 @@ async fn events_are_posted_to_flux_notification_controller_in_its_format() -> Re
                         bodies_tx
                             .send(serde_json::from_str(&body[..length]).unwrap())
                             .unwrap();
-                        socket
-                            .write_all(b"HTTP/1.1 202 Accepted\r\ncontent-length: 0\r\n\r\n")
-                            .await
-                            .unwrap();
+                        posts += 1;
+                        let answer: &[u8] = if posts == 1 {
+                            b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\n\r\n"
+                        } else {
+                            b"HTTP/1.1 202 Accepted\r\ncontent-length: 0\r\n\r\n"
+                        };
+                        socket.write_all(answer).await.unwrap();
                         buffer.clear();
                     }
                 }
@@ -156,9 +171,21 @@ async fn events_are_posted_to_flux_notification_controller_in_its_format() -> Re
         Outcome::Recovered { revision: 1 }
     );
 
-    let body = tokio::time::timeout(Duration::from_secs(10), bodies.recv())
+    let refused = tokio::time::timeout(Duration::from_secs(10), bodies.recv())
         .await?
         .expect("an event");
+    // Tried again after Flux's recorder's first wait (1 s).
+    let body = tokio::time::timeout(Duration::from_secs(10), bodies.recv())
+        .await?
+        .expect("the event again");
+    assert_eq!(refused, body);
+    assert_eq!(
+        body["metadata"],
+        json!({
+            "helm.toolkit.fluxcd.io/revision": "1.0.0",
+            "helm.toolkit.fluxcd.io/token": "sha256:0123",
+        })
+    );
     assert_eq!(body["reason"], "Recovered");
     assert_eq!(body["severity"], "info");
     assert_eq!(body["reportingController"], "flux-plunger");
