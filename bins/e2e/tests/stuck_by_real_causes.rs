@@ -34,15 +34,15 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use e2e::{FluxPlunger, patch_spec};
+use e2e::FluxPlunger;
+use e2e::real_causes::{self, HOLD_FINALIZER, name_in_use};
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
+use kube::api::{Api, Patch, PatchParams};
 use serde_json::{Value, json};
-use testkit::chart::ChartArchive;
 use testkit::control_plane::{AuthInfo, free_port, tail, tool};
 use testkit::helm_storage::revision_statuses;
 use testkit::process::Supervised;
-use testkit::real_helm_controller::{demo_release, selected_version, serve_chart};
+use testkit::real_helm_controller::selected_version;
 use testkit::{TestNamespace, control_plane};
 
 /// The HelmRelease, and the Helm release it installs, of every test.
@@ -51,84 +51,10 @@ const RELEASE: &str = "demo";
 const KEPT_CONFIGMAP: &str = "demo-demo";
 /// The chart's ConfigMap whose data key comes from a value.
 const EXTRA_CONFIGMAP: &str = "demo-extra";
-/// A data key the apiserver refuses (a key allows only `[-._a-zA-Z0-9]`).
-const REFUSED_KEY: &str = "refused key";
-/// The finalizer the chart puts on its kept ConfigMap with `holdDelete`
-/// (spelled out in [`KEPT_YAML`]).
-const HOLD_FINALIZER: &str = "e2e.flux-plunger.cozystack.io/hold";
 /// How long a test waits for helm-controller or flux-plunger to get
 /// somewhere: helm-controller's retries back off exponentially (seen: 1 s
 /// to 96 s apart within two minutes) and two shared cores run everything.
 const WAIT: Duration = Duration::from_secs(240);
-
-// ---------------------------------------------------------------- the chart
-
-const CHART_YAML: &str = "apiVersion: v2
-name: demo
-description: Two ConfigMaps, one with a data key from a value.
-type: application
-version: 1.0.0
-";
-
-const VALUES_YAML: &str = "greeting: hello
-extraKey: setting
-holdDelete: false
-";
-
-const KEPT_YAML: &str = "apiVersion: v1
-kind: ConfigMap
-metadata:
-  name: {{ .Release.Name }}-demo
-  namespace: {{ .Release.Namespace }}
-  {{- if .Values.holdDelete }}
-  finalizers:
-    - e2e.flux-plunger.cozystack.io/hold
-  {{- end }}
-data:
-  greeting: {{ .Values.greeting | quote }}
-";
-
-const EXTRA_YAML: &str = "apiVersion: v1
-kind: ConfigMap
-metadata:
-  name: {{ .Release.Name }}-extra
-  namespace: {{ .Release.Namespace }}
-data:
-  {{ .Values.extraKey | quote }}: \"on\"
-";
-
-/// The chart, `demo` 1.0.0 as the demo chart, packaged by the pinned Helm CLI
-/// (`helm package`): the demo chart's ConfigMap (with the finalizer
-/// [`HOLD_FINALIZER`] when `holdDelete`), and a second one whose only data
-/// key is the value `extraKey`. Both are ConfigMaps, so Helm creates them in
-/// one batch: the first is created whatever happens to the second.
-fn chart() -> Result<ChartArchive> {
-    let dir = tempfile::tempdir()?;
-    let source = dir.path().join("demo");
-    std::fs::create_dir_all(source.join("templates"))?;
-    for (path, text) in [
-        ("Chart.yaml", CHART_YAML),
-        ("values.yaml", VALUES_YAML),
-        ("templates/kept.yaml", KEPT_YAML),
-        ("templates/extra.yaml", EXTRA_YAML),
-    ] {
-        std::fs::write(source.join(path), text)?;
-    }
-    let output = testkit::control_plane::helm()?
-        .arg("package")
-        .arg(&source)
-        .arg("--destination")
-        .arg(dir.path())
-        .output()?;
-    anyhow::ensure!(
-        output.status.success(),
-        "helm package failed: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    Ok(ChartArchive::from_bytes(std::fs::read(
-        dir.path().join("demo-1.0.0.tgz"),
-    )?))
-}
 
 // ------------------------------------------------ a helm-controller per test
 
@@ -404,28 +330,8 @@ impl Case {
         })
     }
 
-    /// Creates the HelmRelease: the demo release's spec with install
-    /// remediation (one retry, by uninstalling), the chart's value
-    /// `extraKey` the apiserver refuses, and `spec` merged in; then plays
-    /// source-controller for the chart.
     async fn create_failing_release(&self, spec: Value) -> Result<()> {
-        let mut release = demo_release(
-            &self.ns.name,
-            RELEASE,
-            json!({ "greeting": "hello", "extraKey": REFUSED_KEY }),
-        );
-        testkit::merge(
-            &mut release["spec"],
-            json!({ "install": { "remediation": { "retries": 1 } } }),
-        );
-        testkit::merge(&mut release["spec"], spec);
-        let object: DynamicObject = serde_json::from_value(release)?;
-        self.ns
-            .releases()
-            .create(&PostParams::default(), &object)
-            .await?;
-        serve_chart(&self.ns, RELEASE, "demo", "1.0.0", chart()?).await?;
-        Ok(())
+        real_causes::create_failing_release(&self.ns, RELEASE, spec).await
     }
 
     /// Waits until helm-controller's report satisfies `done`; a timeout
@@ -469,17 +375,8 @@ impl Case {
         .await
     }
 
-    /// The user fixes the value the apiserver refused (and drops the
-    /// finalizer value): a new generation, which resets helm-controller's
-    /// failure counts.
     async fn fix_the_values(&self) -> Result<i64> {
-        let patched = patch_spec(
-            &self.ns,
-            RELEASE,
-            json!({ "values": { "extraKey": "setting", "holdDelete": false } }),
-        )
-        .await?;
-        Ok(patched.generation)
+        real_causes::fix_the_values(&self.ns, RELEASE).await
     }
 
     /// Starts flux-plunger and waits until helm-controller has installed the
@@ -543,44 +440,10 @@ fn pairs<T: Copy>(items: &[(T, &str)]) -> Vec<(T, String)> {
     items.iter().map(|(n, s)| (*n, (*s).to_owned())).collect()
 }
 
-/// What helm-controller v1.4 (Helm 3) or v1.5 and later (Helm 4) writes.
-fn helm_3() -> bool {
-    selected_version().is_ok_and(|v| v.starts_with("v1.4."))
-}
-
 // ------------------------------------------------------------------ A
 
-/// Refuses the DELETE of the chart's kept ConfigMap in `ns` (and of a probe
-/// ConfigMap, which shows when the apiserver enforces the policy).
 async fn refuse_deleting_the_kept_configmap(case: &Case) -> Result<testkit::Refusal> {
-    const PROBE: &str = "delete-refusal-probe";
-    let refusal = case
-        .ns
-        .refuse(
-            "keep-configmap",
-            json!({"apiGroups": [""], "apiVersions": ["v1"], "operations": ["DELETE"], "resources": ["configmaps"]}),
-            &format!("!(oldObject.metadata.name in ['{KEPT_CONFIGMAP}', '{PROBE}'])"),
-            "test: the chart's ConfigMap is not to be deleted",
-        )
-        .await?;
-    let probe: ConfigMap = serde_json::from_value(json!({"metadata": {"name": PROBE}}))?;
-    case.configmaps()
-        .create(&PostParams::default(), &probe)
-        .await?;
-    let dry_run = DeleteParams {
-        dry_run: true,
-        ..DeleteParams::default()
-    };
-    wait_for("the delete refusal in force", || async {
-        Ok(case
-            .configmaps()
-            .delete(PROBE, &dry_run)
-            .await
-            .is_err()
-            .then_some(()))
-    })
-    .await?;
-    Ok(refusal)
+    real_causes::refuse_deleting_the_kept_configmap(&case.ns, RELEASE).await
 }
 
 /// A. The install fails (the apiserver refuses the extra ConfigMap after the
@@ -619,17 +482,6 @@ async fn a_failed_install_whose_uninstall_remediation_is_refused_partway() -> Re
 }
 
 // ------------------------------------------------------------------ B, D
-
-/// Helm's install refusing a name whose newest revision is `uninstalled`
-/// (`Install.availableName`): Helm 3 says "cannot re-use", Helm 4 "cannot
-/// reuse", and wraps it.
-fn name_in_use() -> &'static str {
-    if helm_3() {
-        "cannot re-use a name that is still in use"
-    } else {
-        "release name check failed: cannot reuse a name that is still in use"
-    }
-}
 
 /// The install fails and the uninstall remediation keeps the history
 /// (`spec.uninstall.keepHistory`): revision 1 `uninstalled`, which

@@ -9,8 +9,9 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::Result;
-use e2e::{Observed, apply_as_flux_plunger, make_stuck, wait_gone, wait_until};
+use e2e::{Observed, apply_as_flux_plunger, real_causes, wait_gone, wait_until};
 use real_node::OnNode;
+use serde_json::json;
 use testkit::control_plane::{AuthInfo, control_plane, tool};
 use testkit::node::node;
 use testkit::real_helm_controller::{demo_configmap, helm_controller, selected_version};
@@ -86,6 +87,42 @@ async fn scale(on: &OnNode, replicas: i32) -> Result<()> {
     Ok(())
 }
 
+/// How long the demo waits for helm-controller to leave a release stuck:
+/// a failed install, its remediation and the next try take several of its
+/// backed-off retries (seen up to 96 s apart), on two shared cores.
+const STUCK_WAIT: std::time::Duration = std::time::Duration::from_secs(240);
+
+/// Waits until a pass of helm-controller's ended `Ready=False` with a message
+/// containing `says`; with `at_this_generation`, a pass over the current
+/// generation of release `name`.
+async fn wait_stuck_saying(
+    ns: &testkit::TestNamespace,
+    name: &str,
+    says: &str,
+    at_this_generation: bool,
+) -> Result<()> {
+    let releases = ns.releases();
+    testkit::eventually(
+        STUCK_WAIT,
+        &format!("HelmRelease {}/{name} stuck saying {says:?}", ns.name),
+        || async {
+            let object = releases.get(name).await?;
+            let ready = object.data["status"]["conditions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|c| c["type"] == plunger::names::READY_CONDITION);
+            Ok(ready.is_some_and(|c| {
+                c["status"] == "False"
+                    && c["message"].as_str().is_some_and(|m| m.contains(says))
+                    && (!at_this_generation
+                        || c["observedGeneration"].as_i64() == object.metadata.generation)
+            }))
+        },
+    )
+    .await
+}
+
 async fn run() -> Result<()> {
     let started = Instant::now();
     println!(
@@ -122,10 +159,17 @@ async fn run() -> Result<()> {
         kubeconfig.display()
     ));
 
-    n.say("1. A HelmRelease `web` is installed and upgraded by the real helm-controller; then its newest Helm \
-           storage revision is left `uninstalling` (as an interrupted uninstall leaves it) and its values change. \
-           Helm refuses the upgrade: the release is stuck.");
-    make_stuck(ns, "web").await?;
+    n.say("1. A HelmRelease `web` whose first install fails: one of its chart's values renders a ConfigMap key \
+           the apiserver refuses. helm-controller remediates by uninstalling, and the HelmRelease asks Helm to keep \
+           the history (`spec.uninstall.keepHistory`), so Helm's storage keeps revision 1 `uninstalled`. The user \
+           fixes the value; helm-controller installs again and Helm refuses: the name is still in use. It stays so \
+           on every try: the release is stuck.");
+    real_causes::create_failing_release(ns, "web", json!({ "uninstall": { "keepHistory": true } }))
+        .await?;
+    let refused = real_causes::name_in_use();
+    wait_stuck_saying(ns, "web", refused, false).await?;
+    real_causes::fix_the_values(ns, "web").await?;
+    wait_stuck_saying(ns, "web", refused, true).await?;
     n.show(&["get", "helmrelease", "web"]);
     n.show(&["get", "secrets", "-l", "owner=helm", "-L", "status"]);
 
@@ -134,8 +178,9 @@ async fn run() -> Result<()> {
     on.install(&[])?;
     on.ready_pod(None).await?;
     n.show(&["get", "pods", "-o", "wide"]);
-    n.say("   The controller suspends `web` together with its uninstall fence, records the revision, deletes the \
-           newest storage Secret and lifts both; helm-controller then upgrades.");
+    n.say("   The controller reads the storage: the newest revision is `uninstalled` and nothing above it is live. \
+           It suspends `web` together with its uninstall fence, records the revision, deletes that storage Secret \
+           and lifts both; helm-controller then installs.");
     wait_until(ns, "web", "recovered and Ready=True", Observed::is_ready).await?;
     n.show(&["get", "helmrelease", "web"]);
     n.show(&["get", "secrets", "-l", "owner=helm", "-L", "status"]);
@@ -149,13 +194,34 @@ async fn run() -> Result<()> {
     ]);
 
     n.say("3. The race flux-plunger exists for: a stuck release deleted while flux-plunger holds its short \
-           suspension. flux-plunger is scaled to 0 (its pod stops, its drain releases what it held); a second \
-           release, `api`, gets stuck the same way (helm-controller clears its history), and is left as a \
-           flux-plunger that died in the middle of recovering it leaves it: its suspension and its uninstall fence \
-           on the release (one server-side apply by manager flux-plunger). Then the release is deleted.");
+           suspension. flux-plunger is scaled to 0 (its pod stops, its drain releases what it held). A second \
+           release, `api`, fails its install the same way, and an admission policy refuses the delete of its first \
+           ConfigMap: helm-controller's uninstall remediation stops partway, Helm's storage and helm-controller's \
+           history say `uninstalling`, and helm-controller cannot determine the release's state. The policy is \
+           lifted; the release stays stuck. It is left as a flux-plunger that died in the middle of recovering it \
+           leaves it: its suspension and its uninstall fence on the release (one server-side apply by manager \
+           flux-plunger). Then the release is deleted.");
     scale(&on, 0).await?;
     n.show(&["get", "pods"]);
-    make_stuck(ns, "api").await?;
+    let refusal = real_causes::refuse_deleting_the_kept_configmap(ns, "api").await?;
+    real_causes::create_failing_release(ns, "api", json!({})).await?;
+    wait_stuck_saying(
+        ns,
+        "api",
+        "unable to determine state for release with status 'uninstalling'",
+        false,
+    )
+    .await?;
+    refusal.lift().await?;
+    n.show(&["get", "helmrelease", "api"]);
+    n.show(&[
+        "get",
+        "secrets",
+        "-l",
+        "owner=helm,name=api",
+        "-L",
+        "status",
+    ]);
     apply_as_flux_plunger(ns, "api", Some(true), true).await?;
     wait_until(
         ns,
@@ -185,10 +251,9 @@ async fn run() -> Result<()> {
     n.show(&["get", "configmaps"]);
 
     n.say("4. flux-plunger is scaled back to 1. Its new pod finds the release being deleted under its own \
-           suspension, with the history helm-controller cleared: it writes the newest storage revision to \
-           status.history (the uninstall hand-over), lifts the suspension and keeps the fence; helm-controller \
-           handles the unsuspended generation and runs the Helm uninstall of that revision; flux-plunger sees it \
-           reported and drops the fence.");
+           suspension, with the `uninstalling` revision in helm-controller's history: it lifts the suspension and \
+           keeps the fence; helm-controller handles the unsuspended generation and runs the Helm uninstall of that \
+           revision; flux-plunger sees it reported and drops the fence.");
     scale(&on, 1).await?;
     n.show(&["get", "pods"]);
     wait_gone(ns, "api").await?;
