@@ -12,8 +12,6 @@ use testkit::TestNamespace;
 use testkit::helm_storage::{revision_statuses, set_revision_status};
 use testkit::real_helm_controller::{create_demo_release, wait_for};
 
-pub mod real_causes;
-
 /// The HelmRelease fields helm-controller reads and writes on its way
 /// through install, upgrade, suspension and delete.
 #[derive(Clone, Debug, PartialEq, Eq)]

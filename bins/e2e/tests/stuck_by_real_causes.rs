@@ -35,13 +35,13 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use e2e::FluxPlunger;
-use e2e::real_causes::{self, HOLD_FINALIZER, name_in_use};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::{Value, json};
 use testkit::control_plane::{AuthInfo, free_port, tail, tool};
 use testkit::helm_storage::revision_statuses;
 use testkit::process::Supervised;
+use testkit::real_causes::{self, HOLD_FINALIZER, name_in_use};
 use testkit::real_helm_controller::selected_version;
 use testkit::{TestNamespace, control_plane};
 

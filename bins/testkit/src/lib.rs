@@ -36,6 +36,7 @@ pub mod token_trap;
 pub mod artifact_server;
 pub mod chart;
 pub mod helm_storage;
+pub mod real_causes;
 pub mod real_helm_controller;
 
 pub use control_plane::{ControlPlane, control_plane};

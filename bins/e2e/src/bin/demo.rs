@@ -9,11 +9,12 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::Result;
-use e2e::{Observed, apply_as_flux_plunger, real_causes, wait_gone, wait_until};
+use e2e::{Observed, apply_as_flux_plunger, wait_gone, wait_until};
 use real_node::OnNode;
 use serde_json::json;
 use testkit::control_plane::{AuthInfo, control_plane, tool};
 use testkit::node::node;
+use testkit::real_causes;
 use testkit::real_helm_controller::{demo_configmap, helm_controller, selected_version};
 
 struct Narrator {

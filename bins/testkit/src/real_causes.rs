@@ -1,17 +1,17 @@
 //! The real causes that leave a release stuck, shared by the e2e suite
-//! (`tests/stuck_by_real_causes.rs`) and `make demo`: a chart whose install
+//! (`stuck_by_real_causes.rs`), the node tier and `make demo`: a chart whose install
 //! fails after its first object was created, so helm-controller's install
 //! remediation uninstalls it, and an admission policy that refuses that
 //! uninstall partway. Nothing here rewrites Helm's storage: helm-controller
 //! and Helm write every revision themselves.
 
+use crate::TestNamespace;
+use crate::chart::ChartArchive;
+use crate::real_helm_controller::{demo_release, selected_version, serve_chart, wait_for};
 use anyhow::Result;
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{Api, DeleteParams, DynamicObject, PostParams};
+use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
-use testkit::TestNamespace;
-use testkit::chart::ChartArchive;
-use testkit::real_helm_controller::{demo_release, selected_version, serve_chart, wait_for};
 
 /// A data key the apiserver refuses (a key allows only `[-._a-zA-Z0-9]`).
 const REFUSED_KEY: &str = "refused key";
@@ -81,7 +81,7 @@ pub fn failing_chart() -> Result<ChartArchive> {
     ] {
         std::fs::write(source.join(path), text)?;
     }
-    let output = testkit::control_plane::helm()?
+    let output = crate::control_plane::helm()?
         .arg("package")
         .arg(&source)
         .arg("--destination")
@@ -107,11 +107,11 @@ pub async fn create_failing_release(ns: &TestNamespace, name: &str, spec: Value)
         name,
         json!({ "greeting": "hello", "extraKey": REFUSED_KEY }),
     );
-    testkit::merge(
+    crate::merge(
         &mut release["spec"],
         json!({ "install": { "remediation": { "retries": 1 } } }),
     );
-    testkit::merge(&mut release["spec"], spec);
+    crate::merge(&mut release["spec"], spec);
     let object: DynamicObject = serde_json::from_value(release)?;
     ns.releases()
         .create(&PostParams::default(), &object)
@@ -124,13 +124,20 @@ pub async fn create_failing_release(ns: &TestNamespace, name: &str, spec: Value)
 /// value): a new generation, which resets helm-controller's failure counts.
 /// Returns that generation.
 pub async fn fix_the_values(ns: &TestNamespace, name: &str) -> Result<i64> {
-    let patched = crate::patch_spec(
-        ns,
-        name,
-        json!({ "values": { "extraKey": "setting", "holdDelete": false } }),
-    )
-    .await?;
-    Ok(patched.generation)
+    let patched = ns
+        .releases()
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"spec": { "values": { "extraKey": "setting", "holdDelete": false } }}),
+            ),
+        )
+        .await?;
+    patched
+        .metadata
+        .generation
+        .ok_or_else(|| anyhow::anyhow!("HelmRelease {name} has no generation"))
 }
 
 /// Refuses the DELETE of `release`'s kept ConfigMap in `ns` (and of a probe
@@ -139,7 +146,7 @@ pub async fn fix_the_values(ns: &TestNamespace, name: &str) -> Result<i64> {
 pub async fn refuse_deleting_the_kept_configmap(
     ns: &TestNamespace,
     release: &str,
-) -> Result<testkit::Refusal> {
+) -> Result<crate::Refusal> {
     const PROBE: &str = "delete-refusal-probe";
     let refusal = ns
         .refuse(
