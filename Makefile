@@ -39,9 +39,14 @@ help: ## List the targets.
 # The control plane's and the node's Kubernetes binaries (see below).
 K8S_COMMANDS := kube-apiserver kubectl kubelet kube-controller-manager kube-scheduler
 HELM_CONTROLLERS := $(foreach v,$(HELM_CONTROLLER_E2E_VERSIONS),$(BIN)/helm-controller-$(v))
-TOOLS := $(addprefix $(BIN)/,$(K8S_COMMANDS)) $(BIN)/etcd $(BIN)/helm \
-	$(HELM_PLUGINS)/unittest/plugin.yaml $(BIN)/helm-docs $(CRDS)/.done $(CRDS)/.source-controller.done \
-	$(HELM_CONTROLLERS)
+SOURCE_CONTROLLER := $(BIN)/source-controller-$(SOURCE_CONTROLLER_VERSION)
+NOTIFICATION_CONTROLLER := $(BIN)/notification-controller-$(NOTIFICATION_CONTROLLER_VERSION)
+# In the order make starts them, the longest builds first (the Kubernetes
+# binaries and source-controller, 12 to 13 minutes cold each): the short ones
+# then fill the slots beside them rather than delay them.
+TOOLS := $(addprefix $(BIN)/,$(K8S_COMMANDS)) $(SOURCE_CONTROLLER) $(NOTIFICATION_CONTROLLER) \
+	$(HELM_CONTROLLERS) $(BIN)/etcd $(BIN)/helm $(HELM_PLUGINS)/unittest/plugin.yaml $(BIN)/helm-docs \
+	$(BIN)/registry $(CRDS)/.done $(CRDS)/.source-controller.done $(CRDS)/.notification-controller.done
 
 # The tools build side by side: each `go build` is mostly one process at a
 # time (analysis, then a single-threaded link), and module downloads wait on
@@ -51,7 +56,7 @@ TOOLS := $(addprefix $(BIN)/,$(K8S_COMMANDS)) $(BIN)/etcd $(BIN)/helm \
 TOOLS_JOBS ?= 3
 
 .PHONY: tools
-tools: ## Build the pinned tools (etcd, kube-apiserver, kubectl, kubelet, kube-controller-manager, kube-scheduler, helm, helm-unittest, helm-docs, helm-controller) and fetch the CRDs into _out/, TOOLS_JOBS at a time.
+tools: ## Build the pinned tools (etcd, kube-apiserver, kubectl, kubelet, kube-controller-manager, kube-scheduler, helm, helm-unittest, helm-docs, Flux's helm-, source- and notification-controller, the OCI registry) and fetch the CRDs into _out/, TOOLS_JOBS at a time.
 	@started=$$SECONDS; $(MAKE) --no-print-directory -j$(TOOLS_JOBS) tools-built; \
 	  echo ">> tools ready in $(BIN) ($$((SECONDS - started))s)"
 
@@ -136,25 +141,62 @@ $(CRDS)/.done: hack/tools/versions.mk
 	  $(call install_crds,"$$dir"/config/crd/bases/helm.toolkit.fluxcd.io_helmreleases.yaml)
 	touch $@
 
+# source-controller's CRDs come from the version that runs, which must be of
+# the minor line helm-controller@$(HELM_CONTROLLER_VERSION) was built against
+# (the source API it reads): a pin of another line fails here.
 $(CRDS)/.source-controller.done: hack/tools/versions.mk
-	$(call step,taking source-controller's CRDs at the version helm-controller@$(HELM_CONTROLLER_VERSION) requires)
+	$(call step,taking source-controller's CRDs from github.com/fluxcd/source-controller@$(SOURCE_CONTROLLER_VERSION))
 	mkdir -p $(CRDS)
 	hc=$(call module_dir,github.com/fluxcd/helm-controller@$(HELM_CONTROLLER_VERSION)); \
-	  sc_version=$$(awk '$$1 == "github.com/fluxcd/source-controller/api" { print $$2 }' "$$hc"/go.mod); \
-	  test -n "$$sc_version" || { echo "no source-controller/api requirement in helm-controller's go.mod"; exit 1; }; \
-	  echo ">> github.com/fluxcd/source-controller@$$sc_version"; \
-	  sc=$(call module_dir,github.com/fluxcd/source-controller@$$sc_version); \
-	  test -n "$$sc" || { echo "could not download github.com/fluxcd/source-controller@$$sc_version"; exit 1; }; \
+	  required=$$(awk '$$1 == "github.com/fluxcd/source-controller/api" { print $$2 }' "$$hc"/go.mod); \
+	  test -n "$$required" || { echo "no source-controller/api requirement in helm-controller's go.mod"; exit 1; }; \
+	  test "$${required%.*}" = "$(basename $(SOURCE_CONTROLLER_VERSION))" || { \
+	    echo "helm-controller $(HELM_CONTROLLER_VERSION) reads source-controller/api $$required; SOURCE_CONTROLLER_VERSION $(SOURCE_CONTROLLER_VERSION) is another minor line"; exit 1; }; \
+	  sc=$(call module_dir,github.com/fluxcd/source-controller@$(SOURCE_CONTROLLER_VERSION)); \
+	  test -n "$$sc" || { echo "could not download github.com/fluxcd/source-controller@$(SOURCE_CONTROLLER_VERSION)"; exit 1; }; \
 	  $(call install_crds,"$$sc"/config/crd/bases/source.toolkit.fluxcd.io_*.yaml)
+	touch $@
+
+# notification-controller's CRDs (Alert, Provider, Receiver), from the version
+# that runs.
+$(CRDS)/.notification-controller.done: hack/tools/versions.mk
+	$(call step,taking notification-controller's CRDs from github.com/fluxcd/notification-controller@$(NOTIFICATION_CONTROLLER_VERSION))
+	mkdir -p $(CRDS)
+	nc=$(call module_dir,github.com/fluxcd/notification-controller@$(NOTIFICATION_CONTROLLER_VERSION)); \
+	  test -n "$$nc" || { echo "could not download github.com/fluxcd/notification-controller@$(NOTIFICATION_CONTROLLER_VERSION)"; exit 1; }; \
+	  $(call install_crds,"$$nc"/config/crd/bases/notification.toolkit.fluxcd.io_*.yaml)
 	touch $@
 
 # Flux's helm-controller at each version of HELM_CONTROLLER_E2E_VERSIONS
 # (cold, on 2 cores: about 3.5 minutes for v1.6.4, then about 2 for v1.6.1,
 # whose dependencies differ by patch versions, and 4.5 for v1.4.0, on Helm v3;
 # warm: seconds).
-$(BIN)/helm-controller-%: hack/build-helm-controller.sh
+$(BIN)/helm-controller-%: hack/build-flux-controller.sh
 	$(call step,building helm-controller $* from github.com/fluxcd/helm-controller@$*)
-	hack/build-helm-controller.sh $* $@
+	hack/build-flux-controller.sh github.com/fluxcd/helm-controller $* $@
+
+# Flux's source-controller (OCIRepository and the other sources, its artifact
+# server) and notification-controller (events to Alerts' Providers), at the
+# pins of versions.mk, without CGO: static binaries that need no C toolchain.
+# Cold (empty module and build caches), side by side on 2 cores that cargo
+# builds shared: about 13 minutes for source-controller (its cloud SDKs, cosign
+# and notation make it the largest; a 100 MB binary) and 12 for
+# notification-controller; warm: seconds.
+$(BIN)/source-controller-%: hack/build-flux-controller.sh
+	$(call step,building source-controller $* from github.com/fluxcd/source-controller@$* (cold: about 13 minutes))
+	CGO_ENABLED=0 hack/build-flux-controller.sh github.com/fluxcd/source-controller $* $@
+
+$(BIN)/notification-controller-%: hack/build-flux-controller.sh
+	$(call step,building notification-controller $* from github.com/fluxcd/notification-controller@$* (cold: about 12 minutes))
+	CGO_ENABLED=0 hack/build-flux-controller.sh github.com/fluxcd/notification-controller $* $@
+
+# The tests' OCI registry: go-containerregistry's pkg/registry behind TLS, in a
+# main of ours (hack/tools/registry; cold: seconds, its only dependency is the
+# registry package).
+REGISTRY_MOD := hack/tools/registry/go.mod hack/tools/registry/go.sum
+$(BIN)/registry: $(REGISTRY_MOD) hack/tools/registry/main.go
+	$(call step,building the OCI registry (go-containerregistry's pkg/registry, hack/tools/registry))
+	cd hack/tools/registry && CGO_ENABLED=0 $(GO_BUILD) -o $@ .
 
 # bats-core from npm into _out/npm, at the version pinned in versions.mk; the
 # stamp names the version, so a new pin installs again.

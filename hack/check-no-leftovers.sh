@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Fails if a process started by this checkout's tests (etcd, kube-apiserver,
-# helm-controller, flux-plunger's binaries) is still running, or its directory
+# Flux's helm-, source- and notification-controller, the OCI registry,
+# flux-plunger's binaries) is still running, or its directory
 # is still there, a few seconds after the tests ended (each server's
 # supervisor stops it once the test process has exited).
 #
@@ -53,9 +54,10 @@ node_leftovers() {
   done
 }
 for _ in $(seq 1 50); do
-  procs=$(pgrep -a -f "^(${out}/bin/(etcd|kube-apiserver|helm-controller-[^ ]+)|${root}/target/[^/ ]+/flux-plunger(-drain|-sweep)?)( |$)" || true)
+  procs=$(pgrep -a -f "^(${out}/bin/(etcd|kube-apiserver|registry|(helm|source|notification)-controller-[^ ]+)|${root}/target/[^/ ]+/flux-plunger(-drain|-sweep)?)( |$)" || true)
   dirs=""
-  for dir in $(find "${TMPDIR:-/tmp}" -maxdepth 1 \( -name 'flux-plunger-cp-*' -o -name 'flux-plunger-hc-*' -o -name 'flux-plunger-e2e-*' \) "${newer[@]}" 2>/dev/null); do
+  for dir in $(find "${TMPDIR:-/tmp}" -maxdepth 1 \( -name 'flux-plunger-cp-*' -o -name 'flux-plunger-hc-*' -o -name 'flux-plunger-sc-*' \
+    -o -name 'flux-plunger-nc-*' -o -name 'flux-plunger-registry-*' -o -name 'flux-plunger-e2e-*' \) "${newer[@]}" 2>/dev/null); do
     # A directory still in use by a server of another checkout is theirs.
     users=$(pgrep -a -f -- "$dir" || true)
     if grep -qE '/(_out/bin|target/[^/ ]+)/' <<<"$users" && ! grep -qF -e "${out}/bin/" -e "${root}/target/" <<<"$users"; then

@@ -9,7 +9,7 @@ HELM_GIT_COMMIT_v3.22.0 := 144ca65f8501953fa8b41cd1d37c7223051c85b7
 # of the downloaded module because its go.mod replaces ./api.
 HELM_CONTROLLER_VERSION := v1.6.4
 # Every helm-controller the e2e suite runs against, each built into
-# _out/bin/helm-controller-<version> by hack/build-helm-controller.sh.
+# _out/bin/helm-controller-<version> by hack/build-flux-controller.sh.
 # The orphaning bug was reported on v1.5.x, but the module proxy serves no
 # v1.5.x (v1.5.0 to v1.5.6 answer 403), and two v1.6.x cannot be built from it:
 # v1.6.0 needs github.com/fluxcd/pkg/chartutil v1.27.0 and v1.6.3 Flux's Helm
@@ -18,10 +18,24 @@ HELM_CONTROLLER_VERSION := v1.6.4
 # started), and v1.4.0, the newest buildable v1.4 (Helm v3; v1.4.4 and v1.4.5
 # answer 403).
 HELM_CONTROLLER_E2E_VERSIONS := v1.6.4 v1.6.1 v1.4.0
-# source-controller's CRDs (HelmChart and the other sources helm-controller
-# watches) come from github.com/fluxcd/source-controller's config/crd/bases, at
-# the version helm-controller $(HELM_CONTROLLER_VERSION)'s go.mod requires for
-# github.com/fluxcd/source-controller/api (the api module carries no CRDs).
+# Flux's source-controller, run by the tests beside helm-controller (it serves
+# charts from OCIRepositories), built into _out/bin/source-controller-<version>
+# by hack/build-flux-controller.sh; its CRDs (HelmChart, OCIRepository and the
+# other sources helm-controller watches) come from the same version's
+# config/crd/bases (the api module carries no CRDs). helm-controller
+# $(HELM_CONTROLLER_VERSION) was built against source-controller/api v1.9.0, so
+# the pin stays on the v1.9 line (the Makefile checks it): v1.9.3 is its newest
+# that builds from the module proxy. v1.9.4 to v1.9.6 need
+# github.com/fluxcd/pkg/artifact v0.18.2 or v0.18.3, which the proxy refuses
+# (403); v1.10.x declare go 1.27, newer than the Go here. With v1.9.3,
+# bins/e2e/tests/oci_chart.rs passes on every helm-controller pinned above.
+SOURCE_CONTROLLER_VERSION := v1.9.3
+# Flux's notification-controller (Alerts and Providers: where flux-plunger's
+# events go), built like source-controller, its CRDs from the same version.
+# v1.6.0 is the newest the module proxy serves whole: v1.6.1 and v1.7.2 to
+# v1.8.3 (as far as tried) answer 403, and v1.7.0 and v1.7.1 have an .info but
+# no go.mod (403). Its Alert and Provider are notification.toolkit.fluxcd.io/v1beta3.
+NOTIFICATION_CONTROLLER_VERSION := v1.6.0
 # bats-core, from npm (package "bats"), for the bats suites in bats/.
 BATS_VERSION := 1.13.0
 # The node tier (make test-node) and `make image`: Debian's packages, named

@@ -1,9 +1,10 @@
 //! Certificates for the local control plane: a CA, the apiserver's serving
 //! certificate for loopback (and the `kubernetes` Service's address, which a
 //! node's pods dial), an admin client certificate in `system:masters`, the
-//! service-account signing key, and client certificates for the node's
-//! components on demand ([`Pki::client_certificate`]). Generated fresh for
-//! every run.
+//! service-account signing key, client certificates for the node's
+//! components and serving certificates for the test world's other servers on
+//! demand ([`Pki::client_certificate`], [`Pki::serving_certificate`]).
+//! Generated fresh for every run.
 
 use std::path::{Path, PathBuf};
 
@@ -98,6 +99,24 @@ impl Pki {
         organization: Option<&str>,
     ) -> Result<(String, String)> {
         sign_client(&self.issuer, common_name, organization)
+    }
+
+    /// A serving certificate and its key (PEM) for `names` (DNS names or IP
+    /// addresses), signed by the control plane's CA: a server of the test
+    /// world (the OCI registry) that clients verify against
+    /// [`Pki::ca_cert`], as they would a real one, with no
+    /// "insecure" switch anywhere.
+    pub fn serving_certificate(&self, names: &[&str]) -> Result<(String, String)> {
+        let key = KeyPair::generate()?;
+        let mut params =
+            CertificateParams::new(names.iter().map(|n| (*n).to_owned()).collect::<Vec<_>>())?;
+        params.distinguished_name.push(
+            DnType::CommonName,
+            names.first().copied().unwrap_or("server"),
+        );
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+        let cert = params.signed_by(&key, &self.issuer)?;
+        Ok((cert.pem(), key.serialize_pem()))
     }
 }
 

@@ -11,7 +11,11 @@
 //!
 //! End-to-end tests run Flux's real helm-controller on that control plane
 //! ([`real_helm_controller`]), with a loopback artifact server standing in for
-//! source-controller.
+//! source-controller, or with the real source-controller
+//! ([`source_controller`]) pulling charts from a real OCI registry
+//! ([`registry`]). Flux's real notification-controller
+//! ([`notification_controller`]) forwards events to a loopback receiver
+//! ([`webhook_receiver`]).
 //!
 //! Randomized tests put a [`FaultProxy`] between a client and the apiserver
 //! (resets, 5xx, 409s, 429s and latency at seeded rates, per verb) and draw
@@ -38,6 +42,14 @@ pub mod chart;
 pub mod helm_storage;
 pub mod real_causes;
 pub mod real_helm_controller;
+
+// Flux's other real controllers and the OCI registry, started the way
+// helm-controller is (flux_controller), and what receives their events.
+pub mod flux_controller;
+pub mod notification_controller;
+pub mod registry;
+pub mod source_controller;
+pub mod webhook_receiver;
 
 pub use control_plane::{ControlPlane, control_plane};
 pub use fault_proxy::{Fault, FaultPlan, FaultProxy, FaultReport, Hold, Rates, Verb};

@@ -5,14 +5,18 @@
 //! control plane and stopped with it (see [`crate::process`]). It watches all
 //! namespaces, so tests keep apart by namespace as they do anyway.
 //!
-//! No source-controller runs: helm-controller only reads a source's
-//! `status.artifact` and downloads `artifact.url`, checking `artifact.digest`.
-//! A test plays source-controller with [`serve_demo_chart`]: it writes that
-//! status on the HelmChart helm-controller creates from `spec.chart`, pointing
-//! at the demo chart on the loopback [`crate::artifact_server`].
+//! helm-controller only reads a source's `status.artifact` and downloads
+//! `artifact.url`, checking `artifact.digest`. A test binary either runs the
+//! real source-controller ([`crate::source_controller`]) and pushes its chart
+//! to the real registry ([`crate::registry`]), or plays source-controller with
+//! [`serve_demo_chart`]: it writes that status on the HelmChart helm-controller
+//! creates from `spec.chart`, pointing at the demo chart on the loopback
+//! [`crate::artifact_server`]. Never both in one test binary: the real
+//! source-controller would reconcile those HelmCharts too, and find no
+//! HelmRepository behind them.
 
 use std::path::PathBuf;
-use std::sync::{Mutex, OnceLock};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
@@ -24,16 +28,15 @@ use serde_json::{Value, json};
 
 use crate::artifact_server::artifact_server;
 use crate::chart::{CHART_NAME, CHART_VERSION, ChartArchive, configmap_name, demo_chart};
-use crate::control_plane::{AuthInfo, control_plane, free_port, tail, tool, workspace_root};
 use crate::fixtures::TestNamespace;
-use crate::process::Supervised;
+use crate::flux_controller::{FluxController, pinned_version, scratch_dir};
 
 /// Names the helm-controller version to run (e.g. `v1.6.0`); unset, the
 /// version pinned as `HELM_CONTROLLER_VERSION` in `hack/tools/versions.mk`.
 pub const VERSION_ENV: &str = "FLUX_PLUNGER_HELM_CONTROLLER_VERSION";
 
 /// How long helm-controller may take to serve its readiness probe.
-pub const START_TIMEOUT: Duration = Duration::from_secs(90);
+pub const START_TIMEOUT: Duration = crate::flux_controller::START_TIMEOUT;
 
 /// How long a test waits for helm-controller to act on a change. Generous:
 /// two cores run the apiserver, etcd, helm-controller and the tests.
@@ -47,7 +50,7 @@ pub struct HelmController {
     pub log: PathBuf,
     /// Its readiness endpoint, `http://127.0.0.1:PORT/readyz`.
     pub readyz: String,
-    server: Mutex<Supervised>,
+    controller: FluxController,
 }
 
 static HELM_CONTROLLER: OnceLock<Result<HelmController, String>> = OnceLock::new();
@@ -70,128 +73,48 @@ pub fn helm_controller() -> &'static HelmController {
 /// The helm-controller version this process runs: `$FLUX_PLUNGER_HELM_CONTROLLER_VERSION`,
 /// else the pin in `hack/tools/versions.mk`.
 pub fn selected_version() -> Result<String> {
-    if let Some(version) = std::env::var_os(VERSION_ENV) {
-        return Ok(version.to_string_lossy().into_owned());
-    }
-    let pins = workspace_root().join("hack/tools/versions.mk");
-    let text =
-        std::fs::read_to_string(&pins).with_context(|| format!("reading {}", pins.display()))?;
-    text.lines()
-        .find_map(|line| line.strip_prefix("HELM_CONTROLLER_VERSION :="))
-        .map(|v| v.trim().to_owned())
-        .with_context(|| format!("no HELM_CONTROLLER_VERSION in {}", pins.display()))
+    pinned_version(VERSION_ENV, "HELM_CONTROLLER_VERSION")
 }
 
 impl HelmController {
     fn start() -> Result<Self> {
-        let started = Instant::now();
         let version = selected_version()?;
-        let binary = tool(&format!("helm-controller-{version}"))?;
-        let plane = control_plane();
-
-        // The supervisor removes this directory once helm-controller stopped.
-        let dir = tempfile::Builder::new()
-            .prefix("flux-plunger-hc-")
-            .tempdir()?
-            .keep();
-        let kubeconfig = dir.join("kubeconfig");
-        plane.write_kubeconfig(&kubeconfig, &AuthInfo::AdminCertificate)?;
-        let log = dir.join("helm-controller.log");
-        let health_port = free_port()?;
+        let dir = scratch_dir("flux-plunger-hc-")?;
         let args = vec![
             "--watch-all-namespaces=true".to_owned(),
-            // An ephemeral port: nothing here scrapes it.
-            "--metrics-addr=127.0.0.1:0".to_owned(),
-            format!("--health-addr=127.0.0.1:{health_port}"),
-            "--enable-leader-election=false".to_owned(),
             // No notification-controller: events go to the apiserver only.
             "--events-addr=".to_owned(),
-            "--log-encoding=console".to_owned(),
-            "--log-level=info".to_owned(),
             // A source that is not ready yet is looked at again soon, not
             // after the default 30 s.
             "--requeue-dependency=2s".to_owned(),
-            // The artifact server is on loopback: a failed fetch is a bug,
+            // Artifacts are served on loopback: a failed fetch is a bug,
             // retrying it nine times only hides it.
             "--http-retry=1".to_owned(),
             "--graceful-shutdown-timeout=5s".to_owned(),
         ];
-        let mut server = Supervised::spawn_with_env(
-            &format!("helm-controller {version}"),
-            &binary,
-            &args,
-            &[("KUBECONFIG", kubeconfig.as_path())],
-            &log,
-            Some(&dir),
-        )?;
-        let readyz = format!("http://127.0.0.1:{health_port}/readyz");
-        let deadline = started + START_TIMEOUT;
-        loop {
-            if !server.is_running() {
-                bail!(
-                    "helm-controller {version} exited during start; its log:\n{}",
-                    tail(&log, 40)
-                );
-            }
-            if http_get_status(health_port, "/readyz") == Some(200) {
-                break;
-            }
-            if Instant::now() > deadline {
-                bail!(
-                    "helm-controller {version} was not ready in time; its log:\n{}",
-                    tail(&log, 40)
-                );
-            }
-            std::thread::sleep(Duration::from_millis(200));
-        }
-        eprintln!(
-            "testkit: helm-controller {version} ready in {:.1}s (log {})",
-            started.elapsed().as_secs_f64(),
-            log.display()
-        );
+        let controller = FluxController::start("helm-controller", &version, &dir, args, &[])?;
         Ok(Self {
             version,
-            log,
-            readyz,
-            server: Mutex::new(server),
+            log: controller.log.clone(),
+            readyz: controller.readyz.clone(),
+            controller,
         })
     }
 
     /// The last `lines` lines of helm-controller's log, for failure messages.
     pub fn log_tail(&self, lines: usize) -> String {
-        tail(&self.log, lines)
+        self.controller.log_tail(lines)
     }
 
     /// The lines of helm-controller's log that mention `needle`.
     pub fn log_lines_with(&self, needle: &str) -> Vec<String> {
-        std::fs::read_to_string(&self.log)
-            .unwrap_or_default()
-            .lines()
-            .filter(|l| l.contains(needle))
-            .map(str::to_owned)
-            .collect()
+        self.controller.log_lines_with(needle)
     }
 
     /// True while helm-controller runs.
     pub fn is_running(&self) -> bool {
-        self.server.lock().unwrap().is_running()
+        self.controller.is_running()
     }
-}
-
-/// The status code of `GET path` on `127.0.0.1:port`, or `None` if nothing
-/// answered.
-fn http_get_status(port: u16, path: &str) -> Option<u16> {
-    use std::io::{Read, Write};
-    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
-    stream.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
-    let mut response = String::new();
-    let _ = stream.read_to_string(&mut response);
-    response.split_whitespace().nth(1)?.parse().ok()
 }
 
 /// Flux's HelmChart (source-controller's API).

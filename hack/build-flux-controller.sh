@@ -1,28 +1,33 @@
 #!/usr/bin/env bash
-# Builds Flux's helm-controller VERSION from its published Go module into OUT.
+# Builds one of Flux's controllers, MODULE at VERSION, from its published Go
+# module into OUT.
 #
-#   hack/build-helm-controller.sh v1.6.4 _out/bin/helm-controller-v1.6.4
+#   hack/build-flux-controller.sh github.com/fluxcd/helm-controller v1.6.4 _out/bin/helm-controller-v1.6.4
+#   CGO_ENABLED=0 hack/build-flux-controller.sh github.com/fluxcd/source-controller v1.9.6 _out/bin/source-controller-v1.9.6
 #
-# The module's go.mod says `replace github.com/fluxcd/helm-controller/api => ./api`,
-# but a module zip never holds a nested module, so ./api is missing from the
+# Every Flux controller's go.mod says `replace <module>/api => ./api`, but a
+# module zip never holds a nested module, so ./api is missing from the
 # download. The build runs in a copy of the module with that one replace
 # dropped: the api module is published on its own at the same version. Every
 # other replace (go-digest, kustomize, a Helm fork on some versions) is kept.
+# The environment passes through to `go build` (CGO_ENABLED, GOFLAGS).
 #
-# Idempotent: an OUT newer than this script is left as it is. A rebuild is
-# cheap once the Go build cache is warm (a link, some seconds).
+# Idempotent: an OUT newer than this script is left as it is (OUT names the
+# version, so a new pin is a new OUT). A rebuild is cheap once the Go build
+# cache is warm (a link, some seconds).
 set -euo pipefail
 
-if [ $# -ne 2 ]; then
-  echo "usage: $0 VERSION OUT" >&2
+if [ $# -ne 3 ]; then
+  echo "usage: $0 MODULE VERSION OUT" >&2
   exit 2
 fi
-version=$1
+module=$1
+version=$2
 # Absolute: the build runs in another directory.
-out=$(realpath -ms "$2")
-module=github.com/fluxcd/helm-controller
+out=$(realpath -ms "$3")
+name=${module##*/}
 
-say() { printf '>> helm-controller %s: %s\n' "$version" "$*"; }
+say() { printf '>> %s %s: %s\n' "$name" "$version" "$*"; }
 
 if [ -x "$out" ] && [ "$out" -nt "$0" ]; then
   say "up to date ($out)"
