@@ -247,6 +247,43 @@ pub async fn wait_stuck_at_this_generation(ns: &TestNamespace, name: &str) -> Re
     .await
 }
 
+/// How long to wait for helm-controller to leave a release stuck by a real
+/// cause:
+/// a failed install, its remediation and the next try take several of its
+/// backed-off retries (seen up to 96 s apart), on two shared cores.
+pub const STUCK_WAIT: std::time::Duration = std::time::Duration::from_secs(240);
+
+/// Waits until a pass of helm-controller's ended `Ready=False` with a message
+/// containing `says`; with `at_this_generation`, a pass over the current
+/// generation of release `name`.
+pub async fn wait_stuck_saying(
+    ns: &TestNamespace,
+    name: &str,
+    says: &str,
+    at_this_generation: bool,
+) -> Result<()> {
+    let releases = ns.releases();
+    testkit::eventually(
+        STUCK_WAIT,
+        &format!("HelmRelease {}/{name} stuck saying {says:?}", ns.name),
+        || async {
+            let object = releases.get(name).await?;
+            let ready = object.data["status"]["conditions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|c| c["type"] == plunger::names::READY_CONDITION);
+            Ok(ready.is_some_and(|c| {
+                c["status"] == "False"
+                    && c["message"].as_str().is_some_and(|m| m.contains(says))
+                    && (!at_this_generation
+                        || c["observedGeneration"].as_i64() == object.metadata.generation)
+            }))
+        },
+    )
+    .await
+}
+
 /// `helm ARGS --namespace NS` as the cluster's admin: the Helm CLI an
 /// operator runs against the storage helm-controller writes (the pinned
 /// `_out/bin/helm`).

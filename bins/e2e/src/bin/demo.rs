@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::Result;
-use e2e::{Observed, apply_as_flux_plunger, wait_gone, wait_until};
+use e2e::{Observed, apply_as_flux_plunger, wait_gone, wait_stuck_saying, wait_until};
 use real_node::OnNode;
 use serde_json::json;
 use testkit::control_plane::{AuthInfo, control_plane, tool};
@@ -86,42 +86,6 @@ async fn scale(on: &OnNode, replicas: i32) -> Result<()> {
         .await?;
     }
     Ok(())
-}
-
-/// How long the demo waits for helm-controller to leave a release stuck:
-/// a failed install, its remediation and the next try take several of its
-/// backed-off retries (seen up to 96 s apart), on two shared cores.
-const STUCK_WAIT: std::time::Duration = std::time::Duration::from_secs(240);
-
-/// Waits until a pass of helm-controller's ended `Ready=False` with a message
-/// containing `says`; with `at_this_generation`, a pass over the current
-/// generation of release `name`.
-async fn wait_stuck_saying(
-    ns: &testkit::TestNamespace,
-    name: &str,
-    says: &str,
-    at_this_generation: bool,
-) -> Result<()> {
-    let releases = ns.releases();
-    testkit::eventually(
-        STUCK_WAIT,
-        &format!("HelmRelease {}/{name} stuck saying {says:?}", ns.name),
-        || async {
-            let object = releases.get(name).await?;
-            let ready = object.data["status"]["conditions"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .find(|c| c["type"] == plunger::names::READY_CONDITION);
-            Ok(ready.is_some_and(|c| {
-                c["status"] == "False"
-                    && c["message"].as_str().is_some_and(|m| m.contains(says))
-                    && (!at_this_generation
-                        || c["observedGeneration"].as_i64() == object.metadata.generation)
-            }))
-        },
-    )
-    .await
 }
 
 async fn run() -> Result<()> {
