@@ -322,7 +322,7 @@ mod tests {
     #[test]
     fn inline_credentials_are_kept_and_nothing_else_reaches_the_client() {
         let inline = kubeconfig(
-            "    certificate-authority-data: Q0E=\n    tls-server-name: api.remote\n",
+            "    certificate-authority-data: Q0E=\n    tls-server-name: api.remote\n    disable-compression: true\n",
             "    client-certificate-data: Q0VSVA==\n    client-key-data: S0VZ\n    username: u\n    password: p\n",
         );
         let kept = inline_only(&inline).unwrap();
@@ -333,9 +333,17 @@ mod tests {
         );
         assert_eq!(cluster.certificate_authority_data.as_deref(), Some("Q0E="));
         assert_eq!(cluster.tls_server_name.as_deref(), Some("api.remote"));
-        let user = kept.auth_infos[0].auth_info.as_ref().unwrap();
-        assert!(user.token.is_some() && user.client_key_data.is_some() && user.password.is_some());
-        assert_eq!(user.client_certificate_data.as_deref(), Some("Q0VSVA=="));
+        assert_eq!(cluster.disable_compression, Some(true));
+        // Every credential of the user, each as it was (the secret ones are
+        // only readable as the kubeconfig writes them).
+        let user = &serde_json::to_value(&kept).unwrap()["users"][0]["user"];
+        assert_eq!(
+            user,
+            &serde_json::json!({
+                "token": "abc", "client-key-data": "S0VZ", "client-certificate-data": "Q0VSVA==",
+                "username": "u", "password": "p",
+            })
+        );
         assert_eq!(kept.current_context.as_deref(), Some("ctx"));
         let context = kept.contexts[0].context.as_ref().unwrap();
         assert_eq!(context.namespace.as_deref(), Some("apps"));
