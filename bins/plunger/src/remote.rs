@@ -345,8 +345,12 @@ mod tests {
             })
         );
         assert_eq!(kept.current_context.as_deref(), Some("ctx"));
+        assert_eq!(kept.contexts[0].name, "ctx");
         let context = kept.contexts[0].context.as_ref().unwrap();
         assert_eq!(context.namespace.as_deref(), Some("apps"));
+        // The context names the cluster and the user kept, under their new names.
+        assert_eq!(context.cluster, kept.clusters[0].name);
+        assert_eq!(context.user.as_ref(), Some(&kept.auth_infos[0].name));
     }
 
     #[test]
