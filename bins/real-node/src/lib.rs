@@ -11,6 +11,7 @@ use chart_contract::install::{Setup, succeeded};
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::Api;
 use kube::api::{ListParams, Patch, PatchParams, WatchEvent, WatchParams};
 use testkit::TestNamespace;
@@ -365,6 +366,76 @@ pub fn requests_by_pod(offset: u64, user: &str) -> Result<BTreeMap<String, Vec<A
         }
     }
     Ok(by_pod)
+}
+
+/// The audit log's view of two pods of one ServiceAccount: the old one
+/// stopping, the new one taking over.
+pub struct Writers {
+    pub old: Vec<AuditedRequest>,
+    pub new: Vec<AuditedRequest>,
+}
+
+impl Writers {
+    pub fn read(offset: u64, user: &str, old: &str, new: &str) -> Result<Self> {
+        let mut by_pod: BTreeMap<String, Vec<AuditedRequest>> = requests_by_pod(offset, user)?;
+        Ok(Self {
+            old: by_pod.remove(old).unwrap_or_default(),
+            new: by_pod.remove(new).unwrap_or_default(),
+        })
+    }
+
+    /// One writer at a time: the new pod's first write (its Lease acquire)
+    /// reached the apiserver after the old pod's last request was answered.
+    pub fn check_single_writer(&self) -> Result<()> {
+        let last_old = self
+            .old
+            .iter()
+            .map(|r| r.at)
+            .max()
+            .context("no request by the old pod")?;
+        let first_new_write = self
+            .new
+            .iter()
+            .filter(|r| r.is_write())
+            .map(|r| r.received_at)
+            .min()
+            .context("no write by the new pod")?;
+        ensure!(
+            first_new_write > last_old,
+            "the new pod wrote at {first_new_write} while the old one still sent requests (last answered {last_old})"
+        );
+        Ok(())
+    }
+
+    /// From the old pod's last Lease write (its drain's handover, or its last
+    /// renewal) to the new pod's first.
+    pub fn handover(&self) -> Result<SignedDuration> {
+        let lease_writes = |requests: &[AuditedRequest]| -> Vec<Timestamp> {
+            requests
+                .iter()
+                .filter(|r| r.resource() == "leases" && r.is_write() && r.succeeded())
+                .map(|r| r.at)
+                .collect()
+        };
+        let old = *lease_writes(&self.old)
+            .iter()
+            .max()
+            .context("the old pod never wrote its Lease")?;
+        let new = *lease_writes(&self.new)
+            .iter()
+            .min()
+            .context("the new pod never took the Lease")?;
+        Ok(new.duration_since(old))
+    }
+
+    /// The old pod's HelmRelease writes: the drain's (the controller runs in
+    /// dry-run).
+    pub fn old_release_writes(&self) -> Vec<&AuditedRequest> {
+        self.old
+            .iter()
+            .filter(|r| r.resource() == "helmreleases" && r.is_write())
+            .collect()
+    }
 }
 
 /// Creates `count` live releases in `ns`, each carrying flux-plunger's fence

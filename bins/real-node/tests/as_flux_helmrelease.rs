@@ -10,11 +10,13 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
-use kube::api::{DynamicObject, Patch, PatchParams, PostParams};
+use kube::api::{DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use plunger::names;
-use real_node::{OnNode, name_of};
+use real_node::{OnNode, Writers, name_of};
 use testkit::chart::ChartArchive;
+use testkit::real_causes;
 use testkit::real_helm_controller::{helm_controller, serve_chart};
 
 /// The HelmRelease's name; helm-controller names the Helm release after it,
@@ -48,27 +50,67 @@ fn packaged_chart(dir: &std::path::Path) -> Result<(String, ChartArchive)> {
     Ok((version, ChartArchive::from_bytes(std::fs::read(&path)?)))
 }
 
+/// The HelmRelease of the component at chart `version`, with `values` over
+/// the image `make image` built: the spec the README gives.
+fn component_release(
+    on: &OnNode,
+    version: &str,
+    values: serde_json::Value,
+) -> Result<DynamicObject> {
+    let (repository, tag) = on.node.image.rsplit_once(':').context("image tag")?;
+    let mut all_values = serde_json::json!({"image": {"repository": repository, "tag": tag}});
+    testkit::merge(&mut all_values, values);
+    Ok(serde_json::from_value(serde_json::json!({
+        "apiVersion": names::HELMRELEASE_API_VERSION,
+        "kind": names::HELMRELEASE_KIND,
+        "metadata": {"name": NAME, "namespace": on.ns().name},
+        "spec": {
+            "interval": "1h",
+            "chart": {"spec": {
+                "chart": "flux-plunger", "version": version,
+                "sourceRef": {"kind": "HelmRepository", "name": "flux-plunger"}, "interval": "1h",
+            }},
+            // As the README says to: above the hook's 240 s.
+            "uninstall": {"timeout": UNINSTALL_TIMEOUT, "disableHooks": false},
+            // helm-controller waits for the Deployment to be ready.
+            "values": all_values,
+        },
+    }))?)
+}
+
 /// How long helm-controller may take over an install or upgrade: its own
 /// action timeout (five minutes by default) and a little more, so a slow node
 /// fails helm-controller's action before it fails the test.
 const ACTION_TIMEOUT: Duration = Duration::from_secs(330);
 
-/// Waits (at most `timeout`) until `check` holds of the HelmRelease.
+/// Waits (at most `timeout`) until `check` holds of the component's
+/// HelmRelease.
 async fn wait_release(
     on: &OnNode,
     what: &str,
     timeout: Duration,
     check: impl Fn(Option<&DynamicObject>) -> bool,
 ) -> Result<()> {
+    wait_named(on, NAME, what, timeout, check).await
+}
+
+/// Waits (at most `timeout`) until `check` holds of HelmRelease `name`.
+async fn wait_named(
+    on: &OnNode,
+    name: &str,
+    what: &str,
+    timeout: Duration,
+    check: impl Fn(Option<&DynamicObject>) -> bool,
+) -> Result<()> {
     let deadline = Instant::now() + timeout;
     loop {
-        let release = on.ns().releases().get_opt(NAME).await?;
+        let release = on.ns().releases().get_opt(name).await?;
         if check(release.as_ref()) {
             return Ok(());
         }
         if Instant::now() > deadline {
             bail!(
-                "timed out waiting for {what}: {:#?}\npods:\n{}\nhelm-controller log:\n{}\n{}",
+                "timed out waiting for {what} of {name}: {:#?}\npods:\n{}\nhelm-controller log:\n{}\n{}",
                 release.map(|r| r.data.get("status").cloned()),
                 on.pods_summary().await,
                 helm_controller().log_tail(40),
@@ -106,44 +148,199 @@ async fn the_chart_as_a_flux_helmrelease_installs_upgrades_and_uninstalls_on_the
     helm_controller();
     let outcome = install_upgrade_and_delete(&on).await;
     if outcome.is_err() {
-        // A cluster-wide flux-plunger left running would act on the next
-        // tests' fences: let helm-controller uninstall it before failing.
-        let _ = on.ns().releases().delete(NAME, &Default::default()).await;
-        let _ = wait_release(
-            &on,
-            "the release to go after a failure",
-            ACTION_TIMEOUT,
-            |r| r.is_none(),
-        )
-        .await;
+        remove_after_a_failure(&on).await;
     }
     outcome
+}
+
+/// A cluster-wide flux-plunger left running would act on the next tests'
+/// fences: lets helm-controller uninstall it before the test fails.
+async fn remove_after_a_failure(on: &OnNode) {
+    let _ = on.ns().releases().delete(NAME, &Default::default()).await;
+    let _ = wait_release(
+        on,
+        "the release to go after a failure",
+        ACTION_TIMEOUT,
+        |r| r.is_none(),
+    )
+    .await;
+}
+
+/// `replicas: 2` as helm-controller installs it: the standby is ready while
+/// it waits (or helm-controller's wait for the Deployment would time out and
+/// remediate), serves `/metrics` with `flux_plunger_leader 0`; the leader's
+/// pod deleted, another pod leads within the Lease's duration (the standby,
+/// or the pod the Deployment starts in the leader's place: whichever asks
+/// first once the old leader's drain hands the Lease over) and recovers a
+/// release made stuck meanwhile by its real cause, and the audit log shows
+/// one writer at a time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_installed_by_helm_controller_are_ready_and_the_standby_takes_over()
+-> Result<()> {
+    let _turn = testkit::cluster_wide_turn().await;
+    let mut on = OnNode::new("node-standby").await?;
+    on.release = NAME.to_owned();
+    on.fullname = NAME.to_owned();
+    helm_controller();
+    let outcome = standby_takes_over(&on).await;
+    if outcome.is_err() {
+        remove_after_a_failure(&on).await;
+    }
+    outcome
+}
+
+/// The pod's `ip:8080`, where it serves `/metrics`.
+fn metrics_address(pod: &Pod) -> Result<String> {
+    let ip = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.pod_ip.clone())
+        .context("the pod has no IP")?;
+    Ok(format!("{ip}:8080"))
+}
+
+async fn standby_takes_over(on: &OnNode) -> Result<()> {
+    let ns = on.ns();
+    let dir = tempfile::tempdir()?;
+    let (version, archive) = packaged_chart(dir.path())?;
+    let release = component_release(
+        on,
+        &version,
+        serde_json::json!({"replicas": 2, "podDisruptionBudget": {"enabled": true}}),
+    )?;
+    ns.releases()
+        .create(&PostParams::default(), &release)
+        .await?;
+    serve_chart(ns, NAME, "flux-plunger", &version, archive).await?;
+    wait_release(
+        on,
+        "the install of two replicas",
+        ACTION_TIMEOUT,
+        ready_at_current_generation,
+    )
+    .await?;
+
+    let pods = on
+        .pods()
+        .list(&ListParams::default().labels(&on.selector()))
+        .await?
+        .items;
+    ensure!(
+        pods.len() == 2 && pods.iter().all(real_node::is_ready),
+        "not two ready pods: {}",
+        on.pods_summary().await
+    );
+    let leader_name = on.lease_holder().await?.context("no leader")?;
+    let (leader, standby): (Vec<Pod>, Vec<Pod>) =
+        pods.into_iter().partition(|p| name_of(p) == leader_name);
+    let (leader, standby) = (
+        leader
+            .first()
+            .context("the leader is not one of the pods")?,
+        standby.first().context("no standby")?,
+    );
+    real_node::metrics_with(&metrics_address(leader)?, "flux_plunger_leader 1").await?;
+    real_node::metrics_with(&metrics_address(standby)?, "flux_plunger_leader 0").await?;
+
+    // The leader's pod goes; a release gets stuck meanwhile.
+    let offset = testkit::audit::mark();
+    on.pods().delete(&leader_name, &Default::default()).await?;
+    const STUCK: &str = "stuck-meanwhile";
+    real_causes::create_failing_release(
+        ns,
+        STUCK,
+        serde_json::json!({"uninstall": {"keepHistory": true}}),
+    )
+    .await?;
+    // The standby, or the pod the Deployment starts in the leader's place,
+    // whichever asks first once the old leader's drain handed the Lease over.
+    let new_leader = wait_for_a_new_leader(on, &leader_name).await?;
+    eprintln!(
+        "the Lease went from {leader_name} to {new_leader} (the standby: {})",
+        name_of(standby)
+    );
+    let refused = real_causes::name_in_use();
+    wait_named(
+        on,
+        STUCK,
+        "stuck: the name still in use",
+        ACTION_TIMEOUT,
+        |r| ready_message(r).is_some_and(|m| m.contains(refused)),
+    )
+    .await?;
+    real_causes::fix_the_values(ns, STUCK).await?;
+    wait_named(
+        on,
+        STUCK,
+        "recovered and installed",
+        ACTION_TIMEOUT,
+        ready_at_current_generation,
+    )
+    .await?;
+
+    let writers = Writers::read(offset, &on.controller_user(), &leader_name, &new_leader)?;
+    writers.check_single_writer()?;
+    let lease_duration = plunger::timings::Timings::from_grace_period(
+        plunger::timings::DEFAULT_GRACE_PERIOD_SECONDS,
+    )?
+    .lease_duration;
+    let handover = writers.handover()?;
+    ensure!(
+        handover <= k8s_openapi::jiff::SignedDuration::try_from(lease_duration)?,
+        "the standby took the Lease {handover:#} after the leader's last Lease write (the Lease lasts {lease_duration:?})"
+    );
+    // The new leader recovered the release: the storage Secret's delete is its.
+    ensure!(
+        writers
+            .new
+            .iter()
+            .any(|r| r.resource() == "secrets" && r.verb == "delete" && r.succeeded()),
+        "the new leader deleted no storage Secret"
+    );
+
+    // The component goes as the first test's does: helm-controller uninstalls.
+    ns.releases().delete(NAME, &Default::default()).await?;
+    wait_release(on, "the release to go", real_node::POD_TIMEOUT * 2, |r| {
+        r.is_none()
+    })
+    .await?;
+    Ok(())
+}
+
+/// Waits until the Lease names a pod other than `old`, and returns it.
+async fn wait_for_a_new_leader(on: &OnNode, old: &str) -> Result<String> {
+    let deadline = Instant::now() + real_node::POD_TIMEOUT;
+    loop {
+        match on.lease_holder().await? {
+            Some(holder) if holder != old => return Ok(holder),
+            holder => ensure!(
+                Instant::now() < deadline,
+                "no new leader: the Lease names {holder:?}\npods:\n{}",
+                on.pods_summary().await
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// The `Ready` condition's message.
+fn ready_message(release: Option<&DynamicObject>) -> Option<&str> {
+    release?.data["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == "Ready")?["message"]
+        .as_str()
 }
 
 async fn install_upgrade_and_delete(on: &OnNode) -> Result<()> {
     let ns = on.ns();
     let dir = tempfile::tempdir()?;
     let (version, archive) = packaged_chart(dir.path())?;
-    let (repository, tag) = on.node.image.rsplit_once(':').context("image tag")?;
-    let release: DynamicObject = serde_json::from_value(serde_json::json!({
-        "apiVersion": names::HELMRELEASE_API_VERSION,
-        "kind": names::HELMRELEASE_KIND,
-        "metadata": {"name": NAME, "namespace": ns.name},
-        "spec": {
-            "interval": "1h",
-            "chart": {"spec": {
-                "chart": "flux-plunger", "version": version,
-                "sourceRef": {"kind": "HelmRepository", "name": "flux-plunger"}, "interval": "1h",
-            }},
-            // As the README says to: above the hook's 240 s.
-            "uninstall": {"timeout": UNINSTALL_TIMEOUT, "disableHooks": false},
-            // helm-controller waits for the Deployment to be ready.
-            "values": {
-                "shutdownGracePeriodSeconds": 90,
-                "image": {"repository": repository, "tag": tag},
-            },
-        },
-    }))?;
+    let release = component_release(
+        on,
+        &version,
+        serde_json::json!({"shutdownGracePeriodSeconds": 90}),
+    )?;
     ns.releases()
         .create(&PostParams::default(), &release)
         .await?;

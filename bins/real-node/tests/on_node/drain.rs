@@ -2,19 +2,16 @@
 //! fences held, and a drain the apiserver refuses, cut by the real SIGKILL.
 //! Whoever writes, one pod at a time, read from the apiserver's audit log.
 
-use std::collections::BTreeMap;
-
 use anyhow::{Context, Result, ensure};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::DeleteParams;
 use plunger::timings::Timings;
 use real_node::{
-    CONTROLLER, DRAIN, Ended, Gone, OnNode, ended, fenced_releases, name_of, requests_by_pod,
-    still_held, watch_until_gone,
+    CONTROLLER, DRAIN, Ended, Gone, OnNode, Writers, ended, fenced_releases, name_of, still_held,
+    watch_until_gone,
 };
 use testkit::TestNamespace;
-use testkit::audit::AuditedRequest;
 
 /// The smallest grace period the chart takes: the tightest timings.
 const G: u64 = 40;
@@ -78,76 +75,6 @@ impl Stopped {
             self.controller.finished_at
         );
         Ok(())
-    }
-}
-
-/// The audit log's view of two pods of one ServiceAccount: the old one
-/// stopping, the new one taking over.
-struct Writers {
-    old: Vec<AuditedRequest>,
-    new: Vec<AuditedRequest>,
-}
-
-impl Writers {
-    fn read(offset: u64, user: &str, old: &str, new: &str) -> Result<Self> {
-        let mut by_pod: BTreeMap<String, Vec<AuditedRequest>> = requests_by_pod(offset, user)?;
-        Ok(Self {
-            old: by_pod.remove(old).unwrap_or_default(),
-            new: by_pod.remove(new).unwrap_or_default(),
-        })
-    }
-
-    /// One writer at a time: the new pod's first write (its Lease acquire)
-    /// reached the apiserver after the old pod's last request was answered.
-    fn check_single_writer(&self) -> Result<()> {
-        let last_old = self
-            .old
-            .iter()
-            .map(|r| r.at)
-            .max()
-            .context("no request by the old pod")?;
-        let first_new_write = self
-            .new
-            .iter()
-            .filter(|r| r.is_write())
-            .map(|r| r.received_at)
-            .min()
-            .context("no write by the new pod")?;
-        ensure!(
-            first_new_write > last_old,
-            "the new pod wrote at {first_new_write} while the old one still sent requests (last answered {last_old})"
-        );
-        Ok(())
-    }
-
-    /// From the old pod's last Lease write (its drain's handover, or its last
-    /// renewal) to the new pod's first.
-    fn handover(&self) -> Result<SignedDuration> {
-        let lease_writes = |requests: &[AuditedRequest]| -> Vec<Timestamp> {
-            requests
-                .iter()
-                .filter(|r| r.resource() == "leases" && r.is_write() && r.succeeded())
-                .map(|r| r.at)
-                .collect()
-        };
-        let old = *lease_writes(&self.old)
-            .iter()
-            .max()
-            .context("the old pod never wrote its Lease")?;
-        let new = *lease_writes(&self.new)
-            .iter()
-            .min()
-            .context("the new pod never took the Lease")?;
-        Ok(new.duration_since(old))
-    }
-
-    /// The old pod's HelmRelease writes: the drain's (the controller runs in
-    /// dry-run).
-    fn old_release_writes(&self) -> Vec<&AuditedRequest> {
-        self.old
-            .iter()
-            .filter(|r| r.resource() == "helmreleases" && r.is_write())
-            .collect()
     }
 }
 
