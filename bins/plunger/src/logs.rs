@@ -6,11 +6,13 @@
 //!
 //! A HelmRelease is named as Flux's controllers name the object they
 //! reconcile: the call sites log `release = "namespace/name"`, and this
-//! formatter alone turns it into `HelmRelease: {name, namespace}`,
-//! `namespace` and `name`.
+//! formatter alone turns it into `controllerGroup`, `controllerKind`
+//! (what `flux logs --kind HelmRelease` matches), `HelmRelease: {name,
+//! namespace}`, `namespace` and `name` (what `--name` and `-n` match).
 
 use std::fmt;
 
+use crate::names::{HELMRELEASE_GROUP, HELMRELEASE_KIND};
 use serde_json::{Value, json};
 use tracing::field::{Field, Visit};
 use tracing::{Event, Level, Subscriber};
@@ -127,6 +129,10 @@ impl Fields {
     fn push_release(&mut self, key: String) {
         match key.split_once('/') {
             Some((namespace, name)) if !namespace.is_empty() && !name.is_empty() => {
+                self.others
+                    .push(("controllerGroup", Value::from(HELMRELEASE_GROUP)));
+                self.others
+                    .push(("controllerKind", Value::from(HELMRELEASE_KIND)));
                 self.others
                     .push(("HelmRelease", json!({"name": name, "namespace": namespace})));
                 self.others.push(("namespace", Value::from(namespace)));
@@ -294,6 +300,10 @@ mod tests {
         );
         assert_eq!(line["namespace"], "apps");
         assert_eq!(line["name"], "web");
+        // What `flux logs --kind HelmRelease` matches, as controller-runtime
+        // writes it for helm-controller.
+        assert_eq!(line["controllerKind"], "HelmRelease");
+        assert_eq!(line["controllerGroup"], "helm.toolkit.fluxcd.io");
         assert!(!line.contains_key("release"), "{line:?}");
     }
 
