@@ -165,10 +165,20 @@ async fn a_release_helm_controller_let_go_again_without_an_uninstall_is_released
     w.ns.apply_as_flux_plunger("web", false).await?;
     w.delete("web").await?;
     w.hc.handle("web").await?;
+    let offset = audit::mark();
     assert_eq!(
         w.reconciler().reconcile(&w.ns.name, "web").await?,
         Outcome::HandedOver { revision: 1 }
     );
+    // The reconcile request is written as flux-plunger, like its every write.
+    let request = audited(&w.ns.name, offset, 1, |r| {
+        r.is_write()
+            && r.body.as_ref().is_some_and(|b| {
+                b["metadata"]["annotations"]["reconcile.fluxcd.io/requestedAt"].is_string()
+            })
+    })
+    .await?;
+    assert_eq!(request[0].field_manager(), Some(FIELD_MANAGER));
     // helm-controller handles the request but clears the history without
     // uninstalling (as it does when it cannot build a client for it).
     let requested = w.view("web").await?;
