@@ -5,8 +5,9 @@
 # answers, else with buildah (its storage private to OUT_DIR, so no host image
 # store is touched). Each image is checked (every binary runs `--version` in
 # it, as the image's user), its size printed, and written as an OCI archive
-# NAME.oci.tar beside a file NAME.ref naming its reference, which the node
-# tier imports into its containerd.
+# NAME.oci.tar beside a file NAME.ref naming its reference: the node tier
+# pushes the project's to the test world's registry (`registry push`), whence
+# its containerd pulls it by digest, and imports the pause image.
 #
 # Usage: hack/build-image.sh IMAGE_REF OUT_DIR
 set -euo pipefail

@@ -54,19 +54,14 @@ impl OnNode {
         &self.setup.ns
     }
 
-    /// The chart's values that name the image `make image` built and the node
-    /// holds (the chart's default repository and tag), as `--set` arguments.
+    /// The chart's values that name the image `make image` built, as the
+    /// registry holds it (the node pulls it by digest), as `--set` arguments.
     pub fn image_args(&self) -> Result<Vec<String>> {
-        let (repository, tag) = self
-            .node
-            .image
-            .rsplit_once(':')
-            .context("the image reference has no tag")?;
         Ok(vec![
             "--set".to_owned(),
-            format!("image.repository={repository}"),
+            format!("image.repository={}", self.node.image.repository),
             "--set".to_owned(),
-            format!("image.tag={tag}"),
+            format!("image.digest={}", self.node.image.digest),
         ])
     }
 

@@ -1,10 +1,15 @@
-//! The chart used as Flux users use it: a HelmRelease of the component,
-//! installed, upgraded and deleted by the real helm-controller, its pods and
-//! its pre-delete hook Job run by the node.
+//! The chart used as Flux users use it, as the README installs it: the chart
+//! `helm push`ed to an OCI registry, an `OCIRepository` pulled by the real
+//! source-controller, a HelmRelease with `chartRef` installed, upgraded and
+//! deleted by the real helm-controller, its pods (their image pulled by the
+//! node's containerd from the same registry, by digest) and its pre-delete
+//! hook Job run by the node.
 //!
 //! A test binary of its own, run in a sandbox of its own (`make test-node`):
 //! the real helm-controller reconciles every HelmRelease of its control
-//! plane, so it must not meet the other node tests' hand-made releases.
+//! plane, so it must not meet the other node tests' hand-made releases. The
+//! registry and source-controller run in this process, so in the sandbox's
+//! network namespace, on the loopback the node's containerd pulls from.
 
 use std::time::{Duration, Instant};
 
@@ -13,11 +18,14 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::api::{DynamicObject, ListParams, Patch, PatchParams, PostParams};
-use plunger::names;
-use real_node::{OnNode, Writers, name_of};
+use real_node::{OnNode, Writers, fenced_releases, name_of, still_held};
+use serde_json::Value;
+use testkit::TestNamespace;
 use testkit::chart::ChartArchive;
 use testkit::real_causes;
-use testkit::real_helm_controller::{helm_controller, serve_chart};
+use testkit::real_helm_controller::helm_controller;
+use testkit::registry::{PushedChart, registry};
+use testkit::source_controller::{ocirepository_resource, source_controller};
 
 /// The HelmRelease's name; helm-controller names the Helm release after it,
 /// and the chart its objects (the name already says flux-plunger).
@@ -26,14 +34,49 @@ const NAME: &str = "flux-plunger";
 /// `spec.uninstall.timeout` of the HelmRelease, as the README recommends.
 const UNINSTALL_TIMEOUT: &str = "5m";
 
-/// The chart packaged by `helm package`, with its name and version.
-fn packaged_chart(dir: &std::path::Path) -> Result<(String, ChartArchive)> {
-    let output = chart_contract::helm()?
+/// The README's install with Flux: the file it shows verbatim (checked by
+/// [`the_readme_shows_the_install_the_node_tier_applies`]), applied here as
+/// it is but for what a user fills in.
+const README_INSTALL: &str = include_str!("../../../docs/install-with-flux.yaml");
+
+/// What a user replaces in [`README_INSTALL`]: the registry's host, the
+/// namespace and the pushed image's digest.
+const EXAMPLE_REGISTRY: &str = "registry.example.com";
+const EXAMPLE_NAMESPACE: &str = "namespace: flux-system";
+const EXAMPLE_DIGEST: &str = "digest: sha256:...";
+
+/// The registry repository the README pushes the chart into
+/// (`helm push … oci://registry.example.com/charts`).
+const CHART_REPOSITORY: &str = "charts";
+
+#[test]
+fn the_readme_shows_the_install_the_node_tier_applies() {
+    let readme = include_str!("../../../README.md");
+    assert!(
+        readme.contains(&format!("```yaml\n{README_INSTALL}```")),
+        "README.md's install with Flux is not docs/install-with-flux.yaml verbatim"
+    );
+    for example in [EXAMPLE_REGISTRY, EXAMPLE_NAMESPACE, EXAMPLE_DIGEST] {
+        assert!(
+            README_INSTALL.contains(example),
+            "docs/install-with-flux.yaml no longer says {example:?}: the test fills it in"
+        );
+    }
+}
+
+/// The chart packaged by `helm package` (at `version`, or the chart's own),
+/// with its name and version.
+fn packaged_chart(dir: &std::path::Path, version: Option<&str>) -> Result<(String, ChartArchive)> {
+    let mut command = chart_contract::helm()?;
+    command
         .arg("package")
         .arg(chart_contract::chart_dir())
         .arg("--destination")
-        .arg(dir)
-        .output()?;
+        .arg(dir);
+    if let Some(version) = version {
+        command.arg("--version").arg(version);
+    }
+    let output = command.output()?;
     chart_contract::install::succeeded(output.clone(), "helm package")?;
     let path = String::from_utf8_lossy(&output.stdout)
         .trim()
@@ -50,32 +93,70 @@ fn packaged_chart(dir: &std::path::Path) -> Result<(String, ChartArchive)> {
     Ok((version, ChartArchive::from_bytes(std::fs::read(&path)?)))
 }
 
-/// The HelmRelease of the component at chart `version`, with `values` over
-/// the image `make image` built: the spec the README gives.
-fn component_release(
+/// The chart packaged (at `version`, or its own) and `helm push`ed to the
+/// registry's `charts` repository, as the README publishes it.
+fn pushed_chart(version: Option<&str>) -> Result<PushedChart> {
+    let dir = tempfile::tempdir()?;
+    let (version, archive) = packaged_chart(dir.path(), version)?;
+    registry().push_chart(CHART_REPOSITORY, "flux-plunger", &version, &archive)
+}
+
+/// The README's `OCIRepository` and HelmRelease in the test's namespace,
+/// the registry's host and the pushed image's digest filled in, with `values`
+/// over the README's (a test's own, e.g. two replicas). Checks they name the
+/// chart and image the test pushed.
+fn readme_objects(
     on: &OnNode,
-    version: &str,
-    values: serde_json::Value,
-) -> Result<DynamicObject> {
-    let (repository, tag) = on.node.image.rsplit_once(':').context("image tag")?;
-    let mut all_values = serde_json::json!({"image": {"repository": repository, "tag": tag}});
-    testkit::merge(&mut all_values, values);
-    Ok(serde_json::from_value(serde_json::json!({
-        "apiVersion": names::HELMRELEASE_API_VERSION,
-        "kind": names::HELMRELEASE_KIND,
-        "metadata": {"name": NAME, "namespace": on.ns().name},
-        "spec": {
-            "interval": "1h",
-            "chart": {"spec": {
-                "chart": "flux-plunger", "version": version,
-                "sourceRef": {"kind": "HelmRepository", "name": "flux-plunger"}, "interval": "1h",
-            }},
-            // As the README says to: above the hook's 240 s.
-            "uninstall": {"timeout": UNINSTALL_TIMEOUT, "disableHooks": false},
-            // helm-controller waits for the Deployment to be ready.
-            "values": all_values,
-        },
-    }))?)
+    chart: &PushedChart,
+    values: Value,
+) -> Result<(DynamicObject, DynamicObject)> {
+    let text = README_INSTALL
+        .replace(EXAMPLE_REGISTRY, &registry().host)
+        .replace(EXAMPLE_NAMESPACE, &format!("namespace: {}", on.ns().name))
+        .replace(EXAMPLE_DIGEST, &format!("digest: {}", on.node.image.digest));
+    let objects = chart_contract::Manifests::parse(&text)?;
+    let source = objects.one("OCIRepository", false)?.clone();
+    let mut release = objects.one("HelmRelease", false)?.clone();
+    ensure!(
+        source["spec"]["url"] == chart.url.as_str()
+            && source["spec"]["ref"]["tag"] == chart.tag.as_str(),
+        "the README's OCIRepository does not name the chart as pushed ({chart:?}): {source:#}"
+    );
+    ensure!(
+        release["spec"]["chartRef"]["name"] == source["metadata"]["name"]
+            && release["metadata"]["name"] == NAME
+            && release["spec"]["uninstall"]["timeout"] == UNINSTALL_TIMEOUT,
+        "the README's HelmRelease: {release:#}"
+    );
+    ensure!(
+        release["spec"]["values"]["image"]["repository"] == on.node.image.repository.as_str(),
+        "the README's image is not where the node's was pushed ({:?}): {release:#}",
+        on.node.image
+    );
+    testkit::merge(&mut release["spec"]["values"], values);
+    Ok((
+        serde_json::from_value(source)?,
+        serde_json::from_value(release)?,
+    ))
+}
+
+/// Creates the README's objects (see [`readme_objects`]).
+async fn install_as_the_readme_says(on: &OnNode, chart: &PushedChart, values: Value) -> Result<()> {
+    let (source, release) = readme_objects(on, chart, values)?;
+    sources(on).create(&PostParams::default(), &source).await?;
+    on.ns()
+        .releases()
+        .create(&PostParams::default(), &release)
+        .await?;
+    Ok(())
+}
+
+fn sources(on: &OnNode) -> Api<DynamicObject> {
+    Api::namespaced_with(
+        on.ns().client.clone(),
+        &on.ns().name,
+        &ocirepository_resource(),
+    )
 }
 
 /// How long helm-controller may take over an install or upgrade: its own
@@ -110,10 +191,12 @@ async fn wait_named(
         }
         if Instant::now() > deadline {
             bail!(
-                "timed out waiting for {what} of {name}: {:#?}\npods:\n{}\nhelm-controller log:\n{}\n{}",
+                "timed out waiting for {what} of {name}: {:#?}\npods:\n{}\nhelm-controller log:\n{}\n\
+                 source-controller log:\n{}\n{}",
                 release.map(|r| r.data.get("status").cloned()),
                 on.pods_summary().await,
                 helm_controller().log_tail(40),
+                source_controller().controller.log_tail(20),
                 on.node.logs_for_failure()
             );
         }
@@ -146,6 +229,7 @@ async fn the_chart_as_a_flux_helmrelease_installs_upgrades_and_uninstalls_on_the
     on.release = NAME.to_owned();
     on.fullname = NAME.to_owned();
     helm_controller();
+    source_controller();
     let outcome = install_upgrade_and_delete(&on).await;
     if outcome.is_err() {
         remove_after_a_failure(&on).await;
@@ -182,6 +266,7 @@ async fn two_replicas_installed_by_helm_controller_are_ready_and_the_standby_tak
     on.release = NAME.to_owned();
     on.fullname = NAME.to_owned();
     helm_controller();
+    source_controller();
     let outcome = standby_takes_over(&on).await;
     if outcome.is_err() {
         remove_after_a_failure(&on).await;
@@ -201,17 +286,13 @@ fn metrics_address(pod: &Pod) -> Result<String> {
 
 async fn standby_takes_over(on: &OnNode) -> Result<()> {
     let ns = on.ns();
-    let dir = tempfile::tempdir()?;
-    let (version, archive) = packaged_chart(dir.path())?;
-    let release = component_release(
+    let chart = pushed_chart(None)?;
+    install_as_the_readme_says(
         on,
-        &version,
+        &chart,
         serde_json::json!({"replicas": 2, "podDisruptionBudget": {"enabled": true}}),
-    )?;
-    ns.releases()
-        .create(&PostParams::default(), &release)
-        .await?;
-    serve_chart(ns, NAME, "flux-plunger", &version, archive).await?;
+    )
+    .await?;
     wait_release(
         on,
         "the install of two replicas",
@@ -246,7 +327,7 @@ async fn standby_takes_over(on: &OnNode) -> Result<()> {
     let offset = testkit::audit::mark();
     on.pods().delete(&leader_name, &Default::default()).await?;
     const STUCK: &str = "stuck-meanwhile";
-    real_causes::create_failing_release(
+    real_causes::create_failing_release_from_registry(
         ns,
         STUCK,
         serde_json::json!({"uninstall": {"keepHistory": true}}),
@@ -323,6 +404,56 @@ async fn wait_for_a_new_leader(on: &OnNode, old: &str) -> Result<String> {
     }
 }
 
+/// The chart version of the newest release helm-controller recorded.
+fn installed_chart_version(release: &DynamicObject) -> Option<&str> {
+    release.data["status"]["history"][0]["chartVersion"].as_str()
+}
+
+/// `X.Y.Z` -> `X.Y.(Z+1)`: the version of the chart published as an upgrade.
+fn next_patch_version(version: &str) -> Result<String> {
+    let (rest, patch) = version
+        .rsplit_once('.')
+        .context("the chart's version is not X.Y.Z")?;
+    Ok(format!("{rest}.{}", patch.parse::<u64>()? + 1))
+}
+
+/// Every pod of the controller's ServiceAccount since `offset`, taken in the
+/// order of their first write: each one's first write reached the apiserver
+/// after the one before it sent its last request (the audit log's view of
+/// the Lease: never two writers).
+fn check_one_writer_at_a_time(offset: u64, user: &str) -> Result<()> {
+    let mut pods: Vec<(String, Vec<testkit::audit::AuditedRequest>)> =
+        real_node::requests_by_pod(offset, user)?
+            .into_iter()
+            .filter(|(_, requests)| requests.iter().any(|r| r.is_write()))
+            .collect();
+    let first_write = |requests: &[testkit::audit::AuditedRequest]| {
+        requests
+            .iter()
+            .filter(|r| r.is_write())
+            .map(|r| r.received_at)
+            .min()
+    };
+    pods.sort_by_key(|(_, requests)| first_write(requests));
+    ensure!(
+        pods.len() >= 2,
+        "fewer than two pods wrote during the rollout"
+    );
+    for pair in pods.windows(2) {
+        let [(old, old_requests), (new, new_requests)] = pair else {
+            unreachable!("windows of two")
+        };
+        let writers = Writers {
+            old: old_requests.clone(),
+            new: new_requests.clone(),
+        };
+        writers
+            .check_single_writer()
+            .with_context(|| format!("from pod {old} to pod {new}"))?;
+    }
+    Ok(())
+}
+
 /// The `Ready` condition's message.
 fn ready_message(release: Option<&DynamicObject>) -> Option<&str> {
     release?.data["status"]["conditions"]
@@ -334,17 +465,9 @@ fn ready_message(release: Option<&DynamicObject>) -> Option<&str> {
 
 async fn install_upgrade_and_delete(on: &OnNode) -> Result<()> {
     let ns = on.ns();
-    let dir = tempfile::tempdir()?;
-    let (version, archive) = packaged_chart(dir.path())?;
-    let release = component_release(
-        on,
-        &version,
-        serde_json::json!({"shutdownGracePeriodSeconds": 90}),
-    )?;
-    ns.releases()
-        .create(&PostParams::default(), &release)
-        .await?;
-    serve_chart(ns, NAME, "flux-plunger", &version, archive).await?;
+    let chart = pushed_chart(None)?;
+    // The README's values as they are: G = 90.
+    install_as_the_readme_says(on, &chart, serde_json::json!({})).await?;
     wait_release(
         on,
         "the install",
@@ -352,7 +475,21 @@ async fn install_upgrade_and_delete(on: &OnNode) -> Result<()> {
         ready_at_current_generation,
     )
     .await?;
+    ensure!(
+        installed_chart_version(&ns.releases().get(NAME).await?)
+            .is_some_and(|v| v.starts_with(&chart.tag)),
+        "helm-controller installed another chart version than {}",
+        chart.tag
+    );
     let first = on.ready_pod(None).await?;
+    on.wait_lease_held_by(&name_of(&first)).await?;
+    // The pod's image came from the registry: the node's containerd fetched
+    // its manifest by digest (nothing imported it).
+    let pulled = format!("GET /v2/flux-plunger/manifests/{}", on.node.image.digest);
+    ensure!(
+        std::fs::read_to_string(&registry().log)?.contains(&pulled),
+        "the registry's log has no {pulled:?}: containerd did not pull the image from it"
+    );
     let grace = |pod: &k8s_openapi::api::core::v1::Pod| {
         pod.spec
             .as_ref()
@@ -364,8 +501,25 @@ async fn install_upgrade_and_delete(on: &OnNode) -> Result<()> {
         grace(&first)
     );
 
-    // G 90 -> 120: a new pod template, rolled out by helm-controller's
-    // upgrade (a server-side apply with Helm 4), the strategy kept.
+    // Fences held when the upgrade starts: none may be lost by the rollout
+    // (the old pod's drain or the new leader releases each).
+    let fences = TestNamespace::create(&ns.client, "node-flux-fences").await?;
+    let created = testkit::audit::mark();
+    let fenced = fenced_releases(&fences, 10).await?;
+
+    // An upgrade as a user publishes one: a new chart version pushed to the
+    // registry, the OCIRepository moved to it, and a value changed (G 90 ->
+    // 120: a new pod template), rolled out by helm-controller's upgrade (a
+    // server-side apply with Helm 4), the strategy kept.
+    let offset = testkit::audit::mark();
+    let next = pushed_chart(Some(&next_patch_version(&chart.tag)?))?;
+    sources(on)
+        .patch(
+            NAME,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"ref": {"tag": next.tag}}})),
+        )
+        .await?;
     ns.releases()
         .patch(
             NAME,
@@ -377,9 +531,13 @@ async fn install_upgrade_and_delete(on: &OnNode) -> Result<()> {
         .await?;
     wait_release(
         on,
-        "the upgrade",
+        "the upgrade to the new chart version",
         ACTION_TIMEOUT,
-        ready_at_current_generation,
+        |r| {
+            ready_at_current_generation(r)
+                && r.and_then(installed_chart_version)
+                    .is_some_and(|v| v.starts_with(&next.tag))
+        },
     )
     .await?;
     let second = on.ready_pod(Some(&name_of(&first))).await?;
@@ -389,6 +547,30 @@ async fn install_upgrade_and_delete(on: &OnNode) -> Result<()> {
         grace(&second)
     );
     on.wait_lease_held_by(&name_of(&second)).await?;
+    let left = still_held(&fences).await?;
+    ensure!(
+        left.is_empty(),
+        "fences left after the upgrade: {left:?}; their writes since they were created:\n{}",
+        real_node::trail(created, &fences.name, &left)?
+    );
+    // One writer at a time across the rollout, whatever pods it went
+    // through (the two changes may reach helm-controller as two upgrades).
+    check_one_writer_at_a_time(offset, &on.controller_user())?;
+    let writers = Writers::read(
+        offset,
+        &on.controller_user(),
+        &name_of(&first),
+        &name_of(&second),
+    )?;
+    eprintln!(
+        "upgrade {} -> {} with {} fences held, none lost: the Lease went from {} to {} after {:#}",
+        chart.tag,
+        next.tag,
+        fenced.len(),
+        name_of(&first),
+        name_of(&second),
+        writers.handover()?
+    );
     let deployments: Api<Deployment> = Api::namespaced(ns.client.clone(), &ns.name);
     let deployment = deployments.get(NAME).await?;
     let strategy = deployment

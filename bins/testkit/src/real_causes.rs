@@ -120,6 +120,54 @@ pub async fn create_failing_release(ns: &TestNamespace, name: &str, spec: Value)
     Ok(())
 }
 
+/// As [`create_failing_release`], its chart where a real source-controller
+/// runs (the node tier's Flux test): `helm push`ed to the registry and named
+/// by `chartRef` through an `OCIRepository`. There the HelmChart
+/// [`create_failing_release`] serves by hand would be source-controller's to
+/// reconcile, and it would mark it failed (its HelmRepository does not exist).
+pub async fn create_failing_release_from_registry(
+    ns: &TestNamespace,
+    name: &str,
+    spec: Value,
+) -> Result<()> {
+    let pushed =
+        crate::registry::registry().push_chart(&ns.name, "demo", "1.0.0", &failing_chart()?)?;
+    let sources: Api<DynamicObject> = Api::namespaced_with(
+        ns.client.clone(),
+        &ns.name,
+        &crate::source_controller::ocirepository_resource(),
+    );
+    sources
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(crate::source_controller::chart_source(
+                &ns.name, name, &pushed,
+            ))?,
+        )
+        .await?;
+    let mut release = demo_release(
+        &ns.name,
+        name,
+        json!({ "greeting": "hello", "extraKey": REFUSED_KEY }),
+    );
+    if let Some(spec) = release["spec"].as_object_mut() {
+        spec.remove("chart");
+    }
+    crate::merge(
+        &mut release["spec"],
+        json!({
+            "chartRef": {"kind": "OCIRepository", "name": name},
+            "install": { "remediation": { "retries": 1 } },
+        }),
+    );
+    crate::merge(&mut release["spec"], spec);
+    let object: DynamicObject = serde_json::from_value(release)?;
+    ns.releases()
+        .create(&PostParams::default(), &object)
+        .await?;
+    Ok(())
+}
+
 /// The user fixes the value the apiserver refused (and drops the finalizer
 /// value): a new generation, which resets helm-controller's failure counts.
 /// Returns that generation.

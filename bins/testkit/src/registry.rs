@@ -3,15 +3,16 @@
 //! serving HTTPS with a certificate from the control plane's CA.
 //!
 //! Clients trust it as they trust a real registry, by that CA and not by an
-//! "insecure" switch: `helm push --ca-file`, source-controller through the
-//! CA as its system roots ([`crate::source_controller`]), containerd through a
-//! `hosts.toml` naming it.
+//! "insecure" switch: `helm push --ca-file`, `registry push --ca-file` (the
+//! images `make image` built), source-controller through the CA as its
+//! system roots ([`crate::source_controller`]), the node's containerd through
+//! a `hosts.toml` naming it ([`crate::node::containerd`]).
 //!
 //! One registry per test process, started on first use and stopped with it
 //! (see [`crate::process`]); tests keep apart by repository (their namespace's
 //! name).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -49,6 +50,22 @@ pub struct PushedChart {
     pub tag: String,
     /// `sha256:…`, the digest of its manifest.
     pub digest: String,
+}
+
+/// An image as `registry push` left it in the registry.
+#[derive(Clone, Debug)]
+pub struct PushedImage {
+    /// `HOST/REPOSITORY`: the chart's `image.repository`.
+    pub repository: String,
+    /// `sha256:…`, the digest of its manifest: the chart's `image.digest`.
+    pub digest: String,
+}
+
+impl PushedImage {
+    /// `HOST/REPOSITORY@sha256:…`: what a pod names and the node pulls.
+    pub fn reference(&self) -> String {
+        format!("{}@{}", self.repository, self.digest)
+    }
 }
 
 static REGISTRY: OnceLock<Result<OciRegistry, String>> = OnceLock::new();
@@ -158,6 +175,42 @@ impl OciRegistry {
             url: format!("oci://{}/{repository}/{name}", self.host),
             tag: version.to_owned(),
             digest,
+        })
+    }
+
+    /// Pushes the image of an OCI archive `make image` built (an image layout
+    /// in a tar) into `repository` as `tag`, its manifest as the archive holds
+    /// it: the digest returned is the archive's own, so a pull by it gets
+    /// exactly what was built.
+    pub fn push_image(&self, archive: &Path, repository: &str, tag: &str) -> Result<PushedImage> {
+        let output = std::process::Command::new(tool("registry")?)
+            .arg("push")
+            .arg("--ca-file")
+            .arg(&self.ca_cert)
+            .arg(archive)
+            .arg(format!("{}/{repository}:{tag}", self.host))
+            .output()
+            .context("running registry push")?;
+        let said = format!(
+            "{}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        if !output.status.success() {
+            bail!(
+                "registry push {} failed: {said}\nregistry log:\n{}",
+                archive.display(),
+                tail(&self.log, 20)
+            );
+        }
+        let (pushed_repository, digest) = said
+            .lines()
+            .find_map(|l| l.strip_prefix("pushed "))
+            .and_then(|r| r.trim().split_once('@'))
+            .with_context(|| format!("registry push printed no reference: {said}"))?;
+        Ok(PushedImage {
+            repository: pushed_repository.to_owned(),
+            digest: digest.to_owned(),
         })
     }
 

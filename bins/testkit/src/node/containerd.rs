@@ -2,6 +2,12 @@
 //! directory: its root and state, its sockets, runc's state. The sandbox's
 //! private `/run` takes what 1.6 puts there whatever its configuration says
 //! (shim sockets under `/run/containerd/s`).
+//!
+//! It pulls the project's image from the test world's registry
+//! ([`crate::registry`]) as a cluster's containerd pulls from a private one:
+//! its CRI registry configuration is a `config_path` directory, in which
+//! [`Containerd::trust_registry`] writes the registry's `hosts.toml` naming
+//! the CA to trust. Only the pod sandbox image is imported.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -19,6 +25,9 @@ const CRI_NAMESPACE: &str = "k8s.io";
 /// A running containerd.
 pub struct Containerd {
     pub socket: PathBuf,
+    /// Its registry configuration (`config_path`): a directory per registry
+    /// host, read at each pull, so a registry may be added while it runs.
+    pub certs_dir: PathBuf,
     pub log: PathBuf,
     server: Supervised,
 }
@@ -39,6 +48,8 @@ impl Containerd {
             &config,
             config_toml(dir, &socket, pause_image, cni_config_dir)?,
         )?;
+        let certs_dir = dir.join("certs.d");
+        std::fs::create_dir_all(&certs_dir)?;
         let log = dir.join("containerd.log");
         let mut server = Supervised::spawn(
             "containerd",
@@ -55,6 +66,7 @@ impl Containerd {
         }
         Ok(Self {
             socket,
+            certs_dir,
             log,
             server,
         })
@@ -77,6 +89,27 @@ impl Containerd {
             ],
         )
         .with_context(|| format!("importing {}", archive.display()))?;
+        Ok(())
+    }
+
+    /// Lets containerd pull from the registry at `host` (`HOST:PORT`, HTTPS)
+    /// trusting the CA in `ca_cert`, and nothing else about it: no
+    /// "insecure" switch, no other mirror.
+    pub fn trust_registry(&self, host: &str, ca_cert: &Path) -> Result<()> {
+        let dir = self.certs_dir.join(host);
+        std::fs::create_dir_all(&dir)?;
+        std::fs::write(
+            dir.join("hosts.toml"),
+            format!(
+                r#"server = "https://{host}"
+
+[host."https://{host}"]
+  capabilities = ["pull", "resolve"]
+  ca = "{ca}"
+"#,
+                ca = ca_cert.display()
+            ),
+        )?;
         Ok(())
     }
 
@@ -118,7 +151,8 @@ state = "{d}/state"
 [plugins."io.containerd.internal.v1.opt"]
   path = "{d}/opt"
 [plugins."io.containerd.grpc.v1.cri"]
-  # Built here (bins/pause): there is no registry to pull one from.
+  # Built here (bins/pause) and imported: no registry here holds
+  # Kubernetes' own.
   sandbox_image = "{pause_image}"
   stream_server_address = "127.0.0.1"
   stream_server_port = "0"
@@ -136,6 +170,10 @@ state = "{d}/state"
         SystemdCgroup = false
         BinaryName = "{runc}"
         Root = "{d}/runc"
+  [plugins."io.containerd.grpc.v1.cri".registry]
+    # A hosts.toml per registry (trust_registry): the project's image is
+    # pulled from the test world's registry, trusted through its CA.
+    config_path = "{d}/certs.d"
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "{cni_bin}"
     conf_dir = "{cni_conf}"

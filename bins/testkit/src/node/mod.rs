@@ -27,6 +27,7 @@ use kube::Api;
 
 use crate::control_plane::{AuthInfo, ControlPlane, control_plane, out_dir, tail, tool};
 use crate::process::Supervised;
+use crate::registry::{PushedImage, registry};
 use containerd::Containerd;
 
 /// The node's name.
@@ -41,8 +42,9 @@ pub struct Node {
     /// The directory holding the node's state and logs (in the sandbox's
     /// TMPDIR, removed with the sandbox).
     pub dir: PathBuf,
-    /// The project's image, as the chart names it by default.
-    pub image: String,
+    /// The project's image as `make image` built it, pushed to the registry
+    /// (the chart's `image.repository` and `image.digest`).
+    pub image: PushedImage,
     containerd: Mutex<Containerd>,
     servers: Mutex<Vec<Supervised>>,
 }
@@ -97,7 +99,7 @@ impl Node {
         let started = Instant::now();
         let deadline = started + START_TIMEOUT;
         let sandbox = sandbox::require()?;
-        let (image_archive, image) = built_image("flux-plunger")?;
+        let (image_archive, built) = built_image("flux-plunger")?;
         let (pause_archive, pause_image) = built_image("pause")?;
         for binary in ["kubelet", "kube-controller-manager", "kube-scheduler"] {
             tool(binary)?;
@@ -111,9 +113,22 @@ impl Node {
         network::write_cni_config(&cni_dir, &dir.join("cni-ipam"))?;
         let containerd =
             Containerd::start(&dir.join("containerd"), &pause_image, &cni_dir, deadline)?;
-        for archive in [&pause_archive, &image_archive] {
-            containerd.import(archive)?;
-        }
+        containerd.import(&pause_archive)?;
+        // The project's image the way a cluster gets it: pushed to a
+        // registry (in the sandbox's network namespace, on loopback, so
+        // containerd reaches it as the tests do), and pulled by the kubelet's
+        // containerd by digest, its TLS verified against testkit's CA.
+        let registry = registry();
+        containerd.trust_registry(&registry.host, &registry.ca_cert)?;
+        let tag = built
+            .rsplit_once(':')
+            .map(|(_, tag)| tag)
+            .context("the built image's reference has no tag")?;
+        let image = registry.push_image(&image_archive, "flux-plunger", tag)?;
+        eprintln!(
+            "testkit: pushed {built} to the registry as {}",
+            image.reference()
+        );
 
         let cgroup_root = sandbox::create_cgroup_root(&sandbox)?;
         let kubelet_kubeconfig = dir.join("kubelet.kubeconfig");
