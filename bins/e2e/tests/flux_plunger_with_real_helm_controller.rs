@@ -1031,11 +1031,17 @@ async fn request_reconcile_and_wait(
         };
         break;
     }
+    // helm-controller records the request in the patch that opens its pass
+    // (`Ready=Unknown`, "Fulfilling prerequisites"): the pass is over once
+    // `Ready` is decided again.
     wait_for(
         &format!("helm-controller to handle reconcile request {requested_at}"),
         || async {
             let release = ns.releases().get(RELEASE).await?;
-            let handled = release.data["status"]["lastHandledReconcileAt"] == requested_at;
+            let handled = release.data["status"]["lastHandledReconcileAt"] == requested_at
+                && Observed::of(&release)
+                    .ready_status()
+                    .is_some_and(|status| status != "Unknown");
             Ok(handled.then_some(release))
         },
     )
