@@ -46,7 +46,7 @@ NOTIFICATION_CONTROLLER := $(BIN)/notification-controller-$(NOTIFICATION_CONTROL
 # then fill the slots beside them rather than delay them.
 TOOLS := $(addprefix $(BIN)/,$(K8S_COMMANDS)) $(SOURCE_CONTROLLER) $(NOTIFICATION_CONTROLLER) \
 	$(HELM_CONTROLLERS) $(BIN)/etcd $(BIN)/helm $(HELM_PLUGINS)/unittest/plugin.yaml $(BIN)/helm-docs \
-	$(BIN)/registry $(CRDS)/.done $(CRDS)/.source-controller.done $(CRDS)/.notification-controller.done
+	$(BIN)/registry $(BIN)/promtool $(BIN)/flux $(CRDS)/.done $(CRDS)/.source-controller.done $(CRDS)/.notification-controller.done
 
 # The tools build side by side: each `go build` is mostly one process at a
 # time (analysis, then a single-threaded link), and module downloads wait on
@@ -56,7 +56,7 @@ TOOLS := $(addprefix $(BIN)/,$(K8S_COMMANDS)) $(SOURCE_CONTROLLER) $(NOTIFICATIO
 TOOLS_JOBS ?= 3
 
 .PHONY: tools
-tools: ## Build the pinned tools (etcd, kube-apiserver, kubectl, kubelet, kube-controller-manager, kube-scheduler, helm, helm-unittest, helm-docs, Flux's helm-, source- and notification-controller, the OCI registry) and fetch the CRDs into _out/, TOOLS_JOBS at a time.
+tools: ## Build the pinned tools (etcd, kube-apiserver, kubectl, kubelet, kube-controller-manager, kube-scheduler, helm, helm-unittest, helm-docs, Flux's helm-, source- and notification-controller, the OCI registry, promtool, Flux's CLI) and fetch the CRDs into _out/, TOOLS_JOBS at a time.
 	@started=$$SECONDS; $(MAKE) --no-print-directory -j$(TOOLS_JOBS) tools-built; \
 	  echo ">> tools ready in $(BIN) ($$((SECONDS - started))s)"
 
@@ -197,6 +197,27 @@ REGISTRY_MOD := hack/tools/registry/go.mod hack/tools/registry/go.sum
 $(BIN)/registry: $(REGISTRY_MOD) hack/tools/registry/main.go
 	$(call step,building the OCI registry (go-containerregistry's pkg/registry, hack/tools/registry))
 	cd hack/tools/registry && CGO_ENABLED=0 $(GO_BUILD) -o $@ .
+
+# promtool, Prometheus's own rule checker and tester (`promtool test rules` runs
+# the chart's PrometheusRule in make test-chart), from the pinned
+# github.com/prometheus/prometheus module (v0.316.0 is Prometheus 3.16.0), with
+# the version its release build stamps (promu's ldflags, from the module's
+# VERSION file) and its netgo tag. Cold (its modules downloaded, its build
+# cache empty), on 2 cores other builds shared: about 10 minutes, as its
+# service discovery pulls in the cloud SDKs; warm: seconds.
+PROMTOOL_MOD := hack/tools/promtool/go.mod hack/tools/promtool/go.sum
+$(BIN)/promtool: $(PROMTOOL_MOD) hack/tools/promtool/tools.go
+	$(call step,building promtool from github.com/prometheus/prometheus (hack/tools/promtool; cold: about 10 minutes))
+	cd hack/tools/promtool && dir=$$(go list -m -f '{{.Dir}}' github.com/prometheus/prometheus) && \
+	  CGO_ENABLED=0 go build -trimpath -tags netgo \
+	  -ldflags="-s -w -X github.com/prometheus/common/version.Version=$$(cat "$$dir/VERSION")" \
+	  -o $@ github.com/prometheus/prometheus/cmd/promtool
+
+# Flux's CLI (its `flux logs` reads flux-plunger's pods in the node tier),
+# from github.com/fluxcd/flux2/v2 at FLUX_CLI_VERSION.
+$(BIN)/flux: hack/build-flux-cli.sh hack/tools/versions.mk
+	$(call step,building Flux's CLI $(FLUX_CLI_VERSION) from github.com/fluxcd/flux2/v2 (cold: several minutes))
+	hack/build-flux-cli.sh $(FLUX_CLI_VERSION) $@
 
 # bats-core from npm into _out/npm, at the version pinned in versions.mk; the
 # stamp names the version, so a new pin installs again.

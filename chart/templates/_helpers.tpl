@@ -203,7 +203,9 @@ becomes a series: `patch`); the core group's Events are never written.
 Labels of every object: the chart's, then commonLabels, which cannot replace
 one of the chart's (the name, instance and component are what the selectors
 match, managed-by is what Helm adopts objects by). Call with
-(dict "context" $ "component" "...").
+(dict "context" $ "component" "...") and, for the controller's Deployment,
+"fluxComponent" true: with the value fluxComponent it is part of flux, as
+Flux's own controllers are (what `flux logs` lists Deployments by).
 */}}
 {{- define "flux-plunger.labels" -}}
 {{- $own := dict
@@ -213,8 +215,17 @@ match, managed-by is what Helm adopts objects by). Call with
   "app.kubernetes.io/component" .component
   "app.kubernetes.io/version" .context.Chart.AppVersion
   "app.kubernetes.io/managed-by" .context.Release.Service
-  "app.kubernetes.io/part-of" "flux-plunger" }}
+  "app.kubernetes.io/part-of" (include "flux-plunger.partOf" (dict "context" .context "fluxComponent" .fluxComponent)) }}
 {{- merge $own (.context.Values.commonLabels | default dict) | toYaml }}
+{{- end }}
+
+{{/*
+The part-of label of the controller's Deployment and pods (`.fluxComponent`
+true) and of every other object: `flux` for the first with the value
+fluxComponent, `flux-plunger` otherwise.
+*/}}
+{{- define "flux-plunger.partOf" -}}
+{{- if and .fluxComponent .context.Values.fluxComponent }}flux{{ else }}flux-plunger{{ end }}
 {{- end }}
 
 {{/*
@@ -225,7 +236,11 @@ immutable, so commonLabels and podLabels stay out of it. Call with
 (dict "context" $ "own" (...) "podLabels" (...)).
 */}}
 {{- define "flux-plunger.podLabels" -}}
-{{- merge (deepCopy .own) (.podLabels | default dict) (.context.Values.commonLabels | default dict) | toYaml }}
+{{- $own := deepCopy .own }}
+{{- if and .fluxComponent .context.Values.fluxComponent }}
+{{- $_ := set $own "app.kubernetes.io/part-of" "flux" }}
+{{- end }}
+{{- merge $own (.podLabels | default dict) (.context.Values.commonLabels | default dict) | toYaml }}
 {{- end }}
 
 {{/*

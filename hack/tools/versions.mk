@@ -36,6 +36,10 @@ SOURCE_CONTROLLER_VERSION := v1.9.3
 # v1.8.3 (as far as tried) answer 403, and v1.7.0 and v1.7.1 have an .info but
 # no go.mod (403). Its Alert and Provider are notification.toolkit.fluxcd.io/v1beta3.
 NOTIFICATION_CONTROLLER_VERSION := v1.6.0
+# Flux's CLI, whose `flux logs` the node tier runs against flux-plunger's pod
+# (hack/build-flux-cli.sh). v2.7.5 builds from the module proxy with the Go
+# here (v2.9.5 is served too, not yet tried).
+FLUX_CLI_VERSION := v2.7.5
 # bats-core, from npm (package "bats"), for the bats suites in bats/.
 BATS_VERSION := 1.13.0
 # The node tier (make test-node) and `make image`: Debian's packages, named

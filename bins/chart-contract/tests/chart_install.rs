@@ -91,14 +91,16 @@ async fn the_apiserver_accepts_every_rendered_object_in_a_server_side_dry_run() 
     let render = || setup.render();
     for render in [
         render(),
-        // Everything but the ServiceMonitor, whose CRD this control plane
-        // lacks; scoped to this namespace, which kubectl applies to and which
-        // exists (the scope's Roles are in the namespaces it names).
+        // Everything but the ServiceMonitor and the PrometheusRule, whose
+        // CRDs this control plane lacks; scoped to this namespace, which
+        // kubectl applies to and which exists (the scope's Roles are in the
+        // namespaces it names, the dashboard's ConfigMap in its own).
         render()
             .values("everything.yaml")
             .set("metrics.serviceMonitor.enabled=false")
+            .set("metrics.prometheusRule.enabled=false")
             .set(&format!(
-                "controller.watchNamespaces={{{0}}},controller.storageNamespaces={{{0}}}",
+                "controller.watchNamespaces={{{0}}},controller.storageNamespaces={{{0}}},metrics.dashboard.namespace={0}",
                 setup.ns.name
             )),
         render().values("shortest-grace-no-hook.yaml"),

@@ -128,6 +128,31 @@ fn note_fence_leaving(event: &watcher::Event<Trimmed>, left: &mpsc::UnboundedSen
     }
 }
 
+/// Counts the fenced releases of a watch's first listing, once it is done
+/// (`listed` is `None` from then on: a relist after a watch error is not
+/// counted again). `run` starts once this process leads and reconciles
+/// nothing before the listing is done, so each of them was set before: left
+/// by the previous leader's drain, or by a crash.
+fn note_inherited_fences(
+    event: &watcher::Event<Trimmed>,
+    listed: &mut Option<u64>,
+    metrics: &Metrics,
+) {
+    let Some(fences) = listed else { return };
+    match event {
+        watcher::Event::InitApply(Trimmed(object))
+            if ReleaseView::from_object(object).has_fence() =>
+        {
+            *fences += 1;
+        }
+        watcher::Event::InitDone => {
+            metrics.observe_inherited_fences(*fences);
+            *listed = None;
+        }
+        _ => {}
+    }
+}
+
 async fn reconcile(object: Arc<DynamicObject>, ctx: Arc<Context>) -> Result<Action, Error> {
     let namespace = object.namespace().unwrap_or_default();
     let name = object.name_any();
@@ -275,8 +300,13 @@ pub async fn run(
         // Decoded straight into the trimmed form (see `watched`); only the
         // releases of interest reach the cache and the queue.
         let left = left_selector.clone();
+        let metrics = ctx.metrics.clone();
+        let mut listed = Some(0);
         let stream = watcher(api, watcher_config(&scope))
-            .inspect_ok(move |event| note_fence_leaving(event, &left))
+            .inspect_ok(move |event| {
+                note_inherited_fences(event, &mut listed, &metrics);
+                note_fence_leaving(event, &left);
+            })
             .try_filter_map(|event| std::future::ready(Ok(cached(event))))
             .default_backoff()
             .reflect(writer)
@@ -329,6 +359,33 @@ mod tests {
 
     fn watched(value: serde_json::Value) -> Trimmed {
         serde_json::from_value(value).unwrap()
+    }
+
+    #[test]
+    fn the_fences_of_the_first_listing_are_counted_once() {
+        let release = |name: &str, fenced: bool| {
+            let finalizers = if fenced {
+                vec![FENCE_FINALIZER]
+            } else {
+                vec![]
+            };
+            watched(json!({"metadata": {"name": name, "namespace": "apps",
+                "finalizers": finalizers}, "spec": {}}))
+        };
+        let metrics = Metrics::default();
+        let mut listed = Some(0);
+        let mut note = |event| note_inherited_fences(&event, &mut listed, &metrics);
+        note(watcher::Event::Init);
+        note(watcher::Event::InitApply(release("a", true)));
+        note(watcher::Event::InitApply(release("b", false)));
+        note(watcher::Event::InitApply(release("c", true)));
+        note(watcher::Event::InitDone);
+        // After the listing: this process's own fences, and a relist.
+        note(watcher::Event::Apply(release("d", true)));
+        note(watcher::Event::Init);
+        note(watcher::Event::InitApply(release("a", true)));
+        note(watcher::Event::InitDone);
+        assert_eq!(metrics.fences_inherited.get(), 2);
     }
 
     #[test]

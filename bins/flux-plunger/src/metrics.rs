@@ -37,6 +37,15 @@ pub struct Metrics {
     pub suspensions_held: Gauge,
     /// 1 while this process holds the leader Lease.
     pub leader: Gauge,
+    /// `UninstallFenceHeld` warnings raised: a delete held by the fence past
+    /// its threshold (SPEC §5e). A counter, so that an alert sees them
+    /// between scrapes and across the pods that led.
+    pub uninstall_fence_held_warnings: Counter,
+    /// Fences of this install found on HelmReleases when this process's watch
+    /// first synced as the leader: what the previous leader's drain (or its
+    /// crash) left. No fence survives a complete drain but those of deletes
+    /// still waiting for their uninstall.
+    pub fences_inherited: Counter,
 }
 
 impl Default for Metrics {
@@ -55,6 +64,8 @@ impl Default for Metrics {
         let fences_held = Gauge::default();
         let suspensions_held = Gauge::default();
         let leader = Gauge::default();
+        let uninstall_fence_held_warnings = Counter::default();
+        let fences_inherited = Counter::default();
         ours.register(
             "recoveries",
             "Recovery attempts of stuck HelmReleases, by result",
@@ -90,6 +101,16 @@ impl Default for Metrics {
             "1 while this process holds the leader Lease",
             leader.clone(),
         );
+        ours.register(
+            "uninstall_fence_held_warnings",
+            "UninstallFenceHeld warnings raised: deletes held by the uninstall fence past the threshold",
+            uninstall_fence_held_warnings.clone(),
+        );
+        ours.register(
+            "fences_inherited",
+            "Fences of this install found when this process's watch first synced as the leader, left by the previous leader's drain or crash",
+            fences_inherited.clone(),
+        );
         Self {
             registry,
             recoveries,
@@ -99,6 +120,8 @@ impl Default for Metrics {
             fences_held,
             suspensions_held,
             leader,
+            uninstall_fence_held_warnings,
+            fences_inherited,
         }
     }
 }
@@ -106,6 +129,10 @@ impl Default for Metrics {
 impl Metrics {
     /// Counts a reconcile's outcome.
     pub fn observe(&self, outcome: &Outcome) {
+        if let Outcome::FenceHeld { warned: true, .. } = outcome {
+            self.uninstall_fence_held_warnings.inc();
+            return;
+        }
         let handover = match outcome {
             Outcome::HandedOver { .. } => Some("handed_over"),
             Outcome::ReconcileRequested => Some("reconcile_requested"),
@@ -144,6 +171,11 @@ impl Metrics {
             .inc();
     }
 
+    /// Counts the fences the leader found at its watch's first sync.
+    pub fn observe_inherited_fences(&self, fences: u64) {
+        self.fences_inherited.inc_by(fences);
+    }
+
     /// The text exposition.
     pub fn encode(&self) -> String {
         let mut text = String::new();
@@ -176,5 +208,42 @@ mod tests {
             "{page}"
         );
         assert!(page.ends_with("# EOF\n"), "one page, one end");
+    }
+
+    /// The counters the chart's alerts read (chart/templates/prometheusrule.yaml)
+    /// are on every page from the start, at 0, and count what they say.
+    #[test]
+    fn fence_held_warnings_and_inherited_fences_are_counted() {
+        use std::time::Duration;
+        let metrics = Metrics::default();
+        let page = metrics.encode();
+        for line in [
+            "flux_plunger_uninstall_fence_held_warnings_total 0",
+            "flux_plunger_fences_inherited_total 0",
+        ] {
+            assert!(page.lines().any(|l| l == line), "{line} in:\n{page}");
+        }
+        let held = |warned| Outcome::FenceHeld {
+            recheck: Duration::from_secs(60),
+            warned,
+        };
+        metrics.observe(&held(false));
+        metrics.observe(&held(true));
+        metrics.observe(&held(true));
+        metrics.observe_inherited_fences(0);
+        metrics.observe_inherited_fences(3);
+        let page = metrics.encode();
+        for line in [
+            "flux_plunger_uninstall_fence_held_warnings_total 2",
+            "flux_plunger_fences_inherited_total 3",
+        ] {
+            assert!(page.lines().any(|l| l == line), "{line} in:\n{page}");
+        }
+        // A held fence is neither a recovery nor a hand-over.
+        assert!(!page.contains("flux_plunger_recoveries_total{"), "{page}");
+        assert!(
+            !page.contains("flux_plunger_uninstall_handovers_total{"),
+            "{page}"
+        );
     }
 }

@@ -312,6 +312,7 @@ mod tests {
             "d",
             &Ok(Outcome::FenceHeld {
                 recheck: Duration::from_secs(60),
+                warned: false,
             }),
         );
         account(&mut left, "e", &Ok(Outcome::ReleasedWithoutUninstall));

@@ -47,7 +47,9 @@ pub enum Outcome {
     /// Our fence was given up.
     FenceDropped,
     /// A delete waits for helm-controller's uninstall; look again after this.
-    FenceHeld { recheck: Duration },
+    /// `warned`: this pass raised `UninstallFenceHeld` (SPEC §5e), which the
+    /// controller counts for alerting.
+    FenceHeld { recheck: Duration, warned: bool },
     /// Stuck, but the storage holds nothing we may reclaim.
     Skipped(SkipReason),
     /// The suspension could not be taken (someone else wrote first).
@@ -80,7 +82,7 @@ impl Outcome {
     /// next change wakes it.
     pub fn recheck_after(&self) -> Option<Duration> {
         match self {
-            Outcome::FenceHeld { recheck } | Outcome::RecoveredThenDeleted { recheck, .. } => {
+            Outcome::FenceHeld { recheck, .. } | Outcome::RecoveredThenDeleted { recheck, .. } => {
                 Some(*recheck)
             }
             Outcome::RateLimited { retry_after } => Some(*retry_after),
@@ -552,6 +554,7 @@ impl Reconciler {
                     held = self.view(&object);
                     tracing::info!(release = %release.key(), "labelled the uninstall fence as this install's");
                 }
+                let warned = event.is_some();
                 if let Some(event) = event {
                     self.events.record(release, &event).await;
                     let mut warnings = self
@@ -566,7 +569,7 @@ impl Reconciler {
                     warnings.insert(release.uid.clone(), Instant::now());
                 }
                 tracing::debug!(release = %release.key(), "holding the uninstall fence until helm-controller has uninstalled");
-                Ok((Outcome::FenceHeld { recheck }, held))
+                Ok((Outcome::FenceHeld { recheck, warned }, held))
             }
             Decision::HandOver {
                 snapshot,

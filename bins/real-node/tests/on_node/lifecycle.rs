@@ -53,6 +53,22 @@ async fn fence_only_the_hook_can_release(
     Ok(refusal)
 }
 
+/// What `flux logs --kind HelmRelease --name NAME -n NAMESPACE` prints with
+/// the chart's namespace as Flux's (the real CLI, `_out/bin/flux`).
+fn flux_logs_of(on: &OnNode, namespace: &str, name: &str) -> Result<String> {
+    let output = std::process::Command::new(testkit::control_plane::tool("flux")?)
+        .arg(format!("--kubeconfig={}", on.setup.kubeconfig.display()))
+        .args(["logs", "--flux-namespace", &on.ns().name, "-n", namespace])
+        .args(["--kind", "HelmRelease", "--name", name])
+        .output()?;
+    ensure!(
+        output.status.success(),
+        "flux logs failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_chart_installs_recovers_a_stuck_release_and_uninstalls_through_its_hook_job()
 -> Result<()> {
@@ -63,7 +79,8 @@ async fn the_chart_installs_recovers_a_stuck_release_and_uninstalls_through_its_
     // Installed with the image built here: the pod is Ready, which the chart's
     // readiness probe (/readyz) says while the process works (a candidate, or
     // the leader once its HelmRelease watch synced); the Lease says it leads.
-    on.install(&["shutdownGracePeriodSeconds=40"])?;
+    // fluxComponent: the pods `flux logs` reads, as Flux's own.
+    on.install(&["shutdownGracePeriodSeconds=40", "fluxComponent=true"])?;
     let pod = on.ready_pod(None).await?;
     let pod_name = name_of(&pod);
     let spec = pod.spec.as_ref().context("pod spec")?;
@@ -113,6 +130,18 @@ async fn the_chart_installs_recovers_a_stuck_release_and_uninstalls_through_its_
         r#"flux_plunger_recoveries_total{result="recovered"} 1"#,
     )
     .await?;
+    // The real `flux logs` shows the pod's lines about the release, as it
+    // shows helm-controller's: the Deployment is labelled part-of: flux, and
+    // each line names the release as Flux's controllers name what they
+    // reconcile.
+    let shown = flux_logs_of(&on, &apps.name, "web")?;
+    ensure!(
+        shown.lines().any(
+            |l| l.contains(&format!(" info HelmRelease/web.{} - ", apps.name))
+                && l.contains("suspended with the uninstall fence")
+        ),
+        "flux logs shows no recovery of web:\n{shown}"
+    );
 
     // A fence the controller's drain cannot release (its writes are
     // refused): only the hook, under its own ServiceAccount, can let go.
