@@ -7,10 +7,9 @@
 
 use anyhow::Result;
 use e2e::{FluxPlunger, wait_stuck_saying};
-use kube::api::{Api, DynamicObject, PostParams};
 use serde_json::{Value, json};
 use testkit::notification_controller::{
-    FORWARD_TIMEOUT, generic_provider, helmrelease_alert, notification_controller, resource,
+    FORWARD_TIMEOUT, alert_helmreleases_to, notification_controller,
 };
 use testkit::real_causes;
 use testkit::real_helm_controller::helm_controller;
@@ -18,14 +17,6 @@ use testkit::webhook_receiver::WebhookReceiver;
 use testkit::{TestNamespace, control_plane};
 
 const RELEASE: &str = "demo";
-
-async fn create(ns: &TestNamespace, kind: &str, object: Value) -> Result<()> {
-    let api: Api<DynamicObject> =
-        Api::namespaced_with(ns.client.clone(), &ns.name, &resource(kind));
-    api.create(&PostParams::default(), &serde_json::from_value(object)?)
-        .await?;
-    Ok(())
-}
 
 /// An event of HelmRelease [`RELEASE`] in `namespace` shaped as
 /// flux-plunger posts one: what the probe that shows the Alert in force is
@@ -53,18 +44,7 @@ async fn a_recovery_reaches_the_provider_of_an_alert_with_the_revision() -> Resu
     let client = control_plane().client().await?;
     let ns = TestNamespace::create(&client, "nc-events").await?;
     let receiver = WebhookReceiver::start()?;
-    create(
-        &ns,
-        "Provider",
-        generic_provider(&ns.name, "receiver", &receiver.url),
-    )
-    .await?;
-    create(
-        &ns,
-        "Alert",
-        helmrelease_alert(&ns.name, "releases", "receiver"),
-    )
-    .await?;
+    alert_helmreleases_to(&ns, &receiver).await?;
     notifications
         .wait_until_forwarding(&like_flux_plungers(&ns.name), &receiver)
         .await?;

@@ -194,6 +194,28 @@ impl NotificationController {
     }
 }
 
+/// Creates in `ns` a generic-webhook `Provider` posting to `receiver` and an
+/// `Alert` sending it every HelmRelease event of `ns` (both named
+/// `receiver`).
+pub async fn alert_helmreleases_to(
+    ns: &crate::TestNamespace,
+    receiver: &WebhookReceiver,
+) -> Result<()> {
+    for (kind, object) in [
+        (
+            "Provider",
+            generic_provider(&ns.name, "receiver", &receiver.url),
+        ),
+        ("Alert", helmrelease_alert(&ns.name, "receiver", "receiver")),
+    ] {
+        let api: kube::Api<kube::api::DynamicObject> =
+            kube::Api::namespaced_with(ns.client.clone(), &ns.name, &resource(kind));
+        api.create(&Default::default(), &serde_json::from_value(object)?)
+            .await?;
+    }
+    Ok(())
+}
+
 /// A `Provider` of type `generic` posting to `address`.
 pub fn generic_provider(namespace: &str, name: &str, address: &str) -> Value {
     json!({

@@ -5,10 +5,9 @@
 //! (under the involved object's group) and only that.
 
 use anyhow::Result;
-use kube::api::{Api, DynamicObject, PostParams};
 use serde_json::{Value, json};
 use testkit::notification_controller::{
-    FORWARD_TIMEOUT, generic_provider, helmrelease_alert, notification_controller, resource,
+    FORWARD_TIMEOUT, alert_helmreleases_to, notification_controller,
 };
 use testkit::webhook_receiver::WebhookReceiver;
 use testkit::{TestNamespace, control_plane};
@@ -38,14 +37,6 @@ fn recovered_event(namespace: &str) -> Value {
     })
 }
 
-async fn create(ns: &TestNamespace, kind: &str, object: Value) -> Result<()> {
-    let api: Api<DynamicObject> =
-        Api::namespaced_with(ns.client.clone(), &ns.name, &resource(kind));
-    api.create(&PostParams::default(), &serde_json::from_value(object)?)
-        .await?;
-    Ok(())
-}
-
 #[tokio::test]
 async fn an_event_of_a_helmrelease_reaches_the_generic_provider_of_the_alert_matching_it()
 -> Result<()> {
@@ -53,18 +44,7 @@ async fn an_event_of_a_helmrelease_reaches_the_generic_provider_of_the_alert_mat
     let client = control_plane().client().await?;
     let ns = TestNamespace::create(&client, "notify").await?;
     let receiver = WebhookReceiver::start()?;
-    create(
-        &ns,
-        "Provider",
-        generic_provider(&ns.name, "receiver", &receiver.url),
-    )
-    .await?;
-    create(
-        &ns,
-        "Alert",
-        helmrelease_alert(&ns.name, "releases", "receiver"),
-    )
-    .await?;
+    alert_helmreleases_to(&ns, &receiver).await?;
 
     let event = recovered_event(&ns.name);
     controller.wait_until_forwarding(&event, &receiver).await?;
