@@ -19,7 +19,7 @@ const REFUSED: &str = "test: the controller's writes are refused here";
 
 /// A stuck release as helm-controller leaves it: revision 1 superseded,
 /// revision 2 `uninstalling`, `Ready=False` with "has no deployed releases".
-async fn stuck_release(ns: &TestNamespace, name: &str) -> Result<()> {
+pub(crate) async fn stuck_release(ns: &TestNamespace, name: &str) -> Result<()> {
     ns.create_release(name, serde_json::json!({})).await?;
     ns.create_storage_secret(name, 1, "superseded").await?;
     ns.create_storage_secret(name, 2, "uninstalling").await?;

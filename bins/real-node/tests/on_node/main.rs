@@ -8,3 +8,4 @@
 
 mod drain;
 mod lifecycle;
+mod standby;
