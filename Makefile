@@ -440,7 +440,7 @@ lint: ## cargo fmt --check, clippy with warnings denied, and no test hooks in re
 ##@ Run
 
 .PHONY: demo
-demo: tools node-packages image ## Show flux-plunger at work as a user runs it: its chart installed by helm on a real node, its pod recovering a release the real helm-controller left stuck, the fence holding a delete until the uninstall, helm uninstall's hook Job (a few minutes warm; Ctrl-C stops it).
+demo: tools node-packages image ## Show flux-plunger at work as a user runs it: installed on a real node as the README says (the chart from an OCI registry through the real source-controller, the real helm-controller), its pod recovering a release left stuck, the fence holding a delete until the uninstall, the uninstall's hook Job (two minutes warm; Ctrl-C stops it).
 	@hack/check-no-leftovers.sh --mark
 	$(call step,building the demo)
 	cargo build --locked -p e2e --bin demo

@@ -18,6 +18,8 @@ use testkit::TestNamespace;
 use testkit::audit::AuditedRequest;
 use testkit::node::{Node, node};
 
+pub mod as_flux;
+
 /// How long a pod may take to start, or to go, on the node: an image is
 /// already there, but two busy cores run the whole cluster and the tests.
 pub const POD_TIMEOUT: Duration = Duration::from_secs(180);

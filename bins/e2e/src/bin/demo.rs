@@ -1,7 +1,9 @@
-//! `make demo`: flux-plunger at work as a user runs it — the chart installed
-//! by helm on a real node (testkit's, inside `hack/node-sandbox.sh`), its
-//! controller pod beside Flux's real helm-controller — narrated, with the
-//! pods shown. It ends on its own (or on Ctrl-C) and leaves nothing running:
+//! `make demo`: flux-plunger at work as a user runs it — installed as the
+//! README installs it with Flux (the chart pushed to an OCI registry, pulled
+//! by the real source-controller, installed by the real helm-controller; the
+//! image pulled from the registry by the node's containerd) on a real node
+//! (testkit's, inside `hack/node-sandbox.sh`), its controller pod beside the
+//! releases it recovers — narrated, with the pods shown. It ends on its own (or on Ctrl-C) and leaves nothing running:
 //! every server stops with this process, and the sandbox with it.
 #![forbid(unsafe_code)]
 
@@ -11,11 +13,17 @@ use std::time::Instant;
 use anyhow::Result;
 use e2e::{Observed, apply_as_flux_plunger, wait_gone, wait_stuck_saying, wait_until};
 use real_node::OnNode;
+use real_node::as_flux::{
+    ACTION_TIMEOUT, NAME, install_as_the_readme_says, pushed_chart, ready_at_current_generation,
+    wait_release,
+};
 use serde_json::json;
 use testkit::control_plane::{AuthInfo, control_plane, tool};
 use testkit::node::node;
 use testkit::real_causes;
 use testkit::real_helm_controller::{demo_configmap, helm_controller, selected_version};
+use testkit::registry::registry;
+use testkit::source_controller::source_controller;
 
 struct Narrator {
     started: Instant,
@@ -92,7 +100,8 @@ async fn run() -> Result<()> {
     let started = Instant::now();
     println!(
         "flux-plunger demo: a real node (kubelet, containerd, controller-manager, scheduler) beside a local \
-         control plane, Flux's real helm-controller, and flux-plunger installed by its chart."
+         control plane, Flux's real source- and helm-controller, an OCI registry, and flux-plunger installed \
+         from it as the README says."
     );
     println!(
         "[{:>5.1}s] starting the control plane and the node (about a minute)",
@@ -102,11 +111,16 @@ async fn run() -> Result<()> {
     node();
     let version = selected_version()?;
     println!(
-        "[{:>5.1}s] starting helm-controller {version}",
+        "[{:>5.1}s] starting helm-controller {version}, source-controller and the OCI registry",
         started.elapsed().as_secs_f64()
     );
     helm_controller();
-    let on = OnNode::new("demo").await?;
+    source_controller();
+    let mut on = OnNode::new("demo").await?;
+    // The HelmRelease's name, which helm-controller gives the Helm release,
+    // and the chart its objects.
+    on.release = NAME.to_owned();
+    on.fullname = NAME.to_owned();
     let ns = on.ns();
     let dir = tempfile::tempdir()?;
     let kubeconfig = dir.path().join("kubeconfig");
@@ -117,9 +131,11 @@ async fn run() -> Result<()> {
         namespace: ns.name.clone(),
     };
     n.say(&format!(
-        "up: kube-apiserver at {}, node {} Ready, helm-controller {version}; namespace {} (kubeconfig {})",
+        "up: kube-apiserver at {}, node {} Ready, helm-controller {version}, the registry at {}; namespace {} \
+         (kubeconfig {})",
         plane.server,
         testkit::node::NODE_NAME,
+        registry().host,
         ns.name,
         kubeconfig.display()
     ));
@@ -129,8 +145,12 @@ async fn run() -> Result<()> {
            the history (`spec.uninstall.keepHistory`), so Helm's storage keeps revision 1 `uninstalled`. The user \
            fixes the value; helm-controller installs again and Helm refuses: the name is still in use. It stays so \
            on every try: the release is stuck.");
-    real_causes::create_failing_release(ns, "web", json!({ "uninstall": { "keepHistory": true } }))
-        .await?;
+    real_causes::create_failing_release_from_registry(
+        ns,
+        "web",
+        json!({ "uninstall": { "keepHistory": true } }),
+    )
+    .await?;
     let refused = real_causes::name_in_use();
     wait_stuck_saying(ns, "web", refused, false).await?;
     real_causes::fix_the_values(ns, "web").await?;
@@ -138,10 +158,22 @@ async fn run() -> Result<()> {
     n.show(&["get", "helmrelease", "web"]);
     n.show(&["get", "secrets", "-l", "owner=helm", "-L", "status"]);
 
-    n.say("2. flux-plunger is installed: `helm install` of its chart, with the image `make image` built. Its pod runs \
-           on the node: the controller, and the drain as a native sidecar.");
-    on.install(&[])?;
+    n.say("2. flux-plunger is installed as the README says: its chart `helm push`ed to the registry, an \
+           OCIRepository the real source-controller pulls it from, and a HelmRelease (`chartRef`) the real \
+           helm-controller installs. Its pod runs on the node, its image pulled by containerd from the registry by \
+           digest: the controller, and the drain as a native sidecar.");
+    let chart = pushed_chart(None)?;
+    install_as_the_readme_says(&on, &chart, json!({})).await?;
+    wait_release(
+        &on,
+        "the install",
+        ACTION_TIMEOUT,
+        ready_at_current_generation,
+    )
+    .await?;
     on.ready_pod(None).await?;
+    n.show(&["get", "ocirepository", NAME]);
+    n.show(&["get", "helmrelease", NAME]);
     n.show(&["get", "pods", "-o", "wide"]);
     n.say("   The controller reads the storage: the newest revision is `uninstalled` and nothing above it is live. \
            It suspends `web` together with its uninstall fence, records the revision, deletes that storage Secret \
@@ -169,7 +201,7 @@ async fn run() -> Result<()> {
     scale(&on, 0).await?;
     n.show(&["get", "pods"]);
     let refusal = real_causes::refuse_deleting_the_kept_configmap(ns, "api").await?;
-    real_causes::create_failing_release(ns, "api", json!({})).await?;
+    real_causes::create_failing_release_from_registry(ns, "api", json!({})).await?;
     wait_stuck_saying(
         ns,
         "api",
@@ -244,13 +276,11 @@ async fn run() -> Result<()> {
     ));
     anyhow::ensure!(left.is_none(), "the ConfigMap of `api` was orphaned");
 
-    n.say("5. `helm uninstall` of flux-plunger: its pre-delete hook Job runs in a pod of its own, scales the \
-           Deployment down, waits for the pod, releases any fence left, and helm waits for it.");
-    let uninstalled = on
-        .setup
-        .helm(&["uninstall", &on.release, "--wait", "--timeout=5m"])?;
-    chart_contract::install::succeeded(uninstalled, "helm uninstall")?;
-    n.show(&["get", "jobs,pods,leases"]);
+    n.say("5. flux-plunger's HelmRelease is deleted: helm-controller uninstalls it, its pre-delete hook Job first, \
+           in a pod of its own: it scales the Deployment down, waits for the pod, releases any fence left.");
+    ns.releases().delete(NAME, &Default::default()).await?;
+    wait_release(&on, "the uninstall", ACTION_TIMEOUT, |r| r.is_none()).await?;
+    n.show(&["get", "helmreleases,jobs,pods,leases"]);
     n.say("done: stopping helm-controller, the node and the control plane.");
     Ok(())
 }
