@@ -377,8 +377,18 @@ NODE_THREADS ?= 4
 # the Flux test's real helm-controller must not meet the others' releases.
 NODE_TEST_BINARIES := on_node as_flux_helmrelease
 
+# The first release, rebuilt from its commit (FIRST_RELEASE_COMMIT in
+# versions.mk) for the node tier's upgrade from it: its chart and its image in
+# _out/first-release/ (cold: about 5 minutes of cargo build; then a no-op).
+FIRST_RELEASE_DIR := $(OUT)/first-release
+
+.PHONY: first-release
+first-release: node-packages rust-image-target ## Rebuild the first release's chart and image (FIRST_RELEASE_COMMIT) into _out/first-release/, for the node tier's upgrade test.
+	$(call step,the first release ($(FIRST_RELEASE_COMMIT)): its chart and image into $(FIRST_RELEASE_DIR))
+	IMAGE_RUST_TARGET=$(IMAGE_RUST_TARGET) hack/build-first-release.sh $(FIRST_RELEASE_COMMIT) $(FIRST_RELEASE_DIR)
+
 .PHONY: test-node
-test-node: tools node-packages image ## The chart on a real node (kubelet, containerd, controller-manager, scheduler) in hack/node-sandbox.sh: its pods, sidecar and hook Job run for real; helm and the real helm-controller install it.
+test-node: tools node-packages image first-release ## The chart on a real node (kubelet, containerd, controller-manager, scheduler) in hack/node-sandbox.sh: its pods, sidecar and hook Job run for real; helm and the real helm-controller install it.
 	@hack/check-no-leftovers.sh --mark
 	$(call step,building the node tier's tests)
 	cargo test --locked -p real-node --no-run

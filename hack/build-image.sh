@@ -20,11 +20,21 @@ pause_image=localhost/flux-plunger/pause:latest
 
 step() { printf '>> %s\n' "$*"; }
 
-step "static binaries (cargo build --release --target $target; cold: several minutes on 2 cores)"
-cargo build --locked --release --target "$target" \
-  -p flux-plunger -p flux-plunger-drain -p flux-plunger-sweep -p pause
-built="$root/target/$target/release"
-for binary in "${binaries[@]}" pause; do
+# FLUX_PLUNGER_BINARIES=DIR: the three binaries are built already, in DIR
+# (the first release's, hack/build-first-release.sh): only the project's image
+# is made, around them.
+prebuilt=${FLUX_PLUNGER_BINARIES:-}
+if [ -n "$prebuilt" ]; then
+  built=$prebuilt
+  static=("${binaries[@]}")
+else
+  step "static binaries (cargo build --release --target $target; cold: several minutes on 2 cores)"
+  cargo build --locked --release --target "$target" \
+    -p flux-plunger -p flux-plunger-drain -p flux-plunger-sweep -p pause
+  built="$root/target/$target/release"
+  static=("${binaries[@]}" pause)
+fi
+for binary in "${static[@]}"; do
   # A scratch image has no loader: refuse anything dynamically linked.
   if readelf -l "$built/$binary" | grep -q 'Requesting program interpreter'; then
     echo "$built/$binary is dynamically linked; the image has no libc" >&2
@@ -109,5 +119,6 @@ for binary in "${binaries[@]}"; do
 done
 step "image $image: $(size "$image") ($out/flux-plunger.oci.tar)"
 
+[ -z "$prebuilt" ] || exit 0
 build pause "$pause_image" "$root/bins/pause/Dockerfile" "$built/pause"
 step "pod sandbox image $pause_image: $(size "$pause_image") ($out/pause.oci.tar)"

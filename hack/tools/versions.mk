@@ -40,6 +40,11 @@ NOTIFICATION_CONTROLLER_VERSION := v1.6.0
 # (hack/build-flux-cli.sh). v2.7.5 builds from the module proxy with the Go
 # here (v2.9.5 is served too, not yet tried).
 FLUX_CLI_VERSION := v2.7.5
+# The first release of flux-plunger: the first commit CI accepted whole (its
+# chart 0.1.0, the fence without its label). The node tier upgrades an install
+# of it to today's chart with fences held (hack/build-first-release.sh rebuilds
+# its image from this commit's source).
+FIRST_RELEASE_COMMIT := d74ce849f55cd22406f847b753e7c440134c77ec
 # bats-core, from npm (package "bats"), for the bats suites in bats/.
 BATS_VERSION := 1.13.0
 # The node tier (make test-node) and `make image`: Debian's packages, named

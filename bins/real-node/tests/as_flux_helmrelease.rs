@@ -17,18 +17,20 @@ use anyhow::{Context, Result, ensure};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
-use kube::api::{DynamicObject, ListParams, Patch, PatchParams};
+use kube::api::{DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use real_node::as_flux::{
-    ACTION_TIMEOUT, EXAMPLE_DIGEST, EXAMPLE_NAMESPACE, EXAMPLE_REGISTRY, NAME, README_INSTALL,
-    UNINSTALL_TIMEOUT, install_as_the_readme_says, installed_chart_version, pushed_chart,
-    ready_at_current_generation, sources, wait_named, wait_release,
+    ACTION_TIMEOUT, EXAMPLE_DIGEST, EXAMPLE_NAMESPACE, EXAMPLE_REGISTRY, FencedBy, HeldDeletes,
+    NAME, README_INSTALL, UNINSTALL_TIMEOUT, install_as_the_readme_says, installed_chart_version,
+    objects_installing, pushed_chart, pushed_first_release, ready_at_current_generation, sources,
+    wait_named, wait_release,
 };
 use real_node::{OnNode, Writers, fenced_releases, name_of, still_held};
 use testkit::TestNamespace;
 use testkit::real_causes;
-use testkit::real_helm_controller::helm_controller;
 use testkit::registry::registry;
-use testkit::source_controller::source_controller;
+
+/// How many deletes flux-plunger holds through a rollout.
+const HELD: usize = 3;
 
 #[test]
 fn the_readme_shows_the_install_the_node_tier_applies() {
@@ -48,13 +50,19 @@ fn the_readme_shows_the_install_the_node_tier_applies() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_chart_as_a_flux_helmrelease_installs_upgrades_and_uninstalls_on_the_node() -> Result<()>
 {
+    with_the_component("node-flux", install_upgrade_and_delete).await
+}
+
+/// Runs `test` with a namespace of its own on the node, where flux-plunger's
+/// HelmRelease is to be (helm- and source-controller started), on this
+/// binary's turn; after a failure, removes the component.
+async fn with_the_component(
+    prefix: &str,
+    test: impl AsyncFnOnce(&OnNode) -> Result<()>,
+) -> Result<()> {
     let _turn = testkit::cluster_wide_turn().await;
-    let mut on = OnNode::new("node-flux").await?;
-    on.release = NAME.to_owned();
-    on.fullname = NAME.to_owned();
-    helm_controller();
-    source_controller();
-    let outcome = install_upgrade_and_delete(&on).await;
+    let on = real_node::as_flux::on_node(prefix).await?;
+    let outcome = test(&on).await;
     if outcome.is_err() {
         remove_after_a_failure(&on).await;
     }
@@ -85,17 +93,7 @@ async fn remove_after_a_failure(on: &OnNode) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_replicas_installed_by_helm_controller_are_ready_and_the_standby_takes_over()
 -> Result<()> {
-    let _turn = testkit::cluster_wide_turn().await;
-    let mut on = OnNode::new("node-standby").await?;
-    on.release = NAME.to_owned();
-    on.fullname = NAME.to_owned();
-    helm_controller();
-    source_controller();
-    let outcome = standby_takes_over(&on).await;
-    if outcome.is_err() {
-        remove_after_a_failure(&on).await;
-    }
-    outcome
+    with_the_component("node-standby", standby_takes_over).await
 }
 
 /// The pod's `ip:8080`, where it serves `/metrics`.
@@ -284,6 +282,9 @@ fn ready_message(release: Option<&DynamicObject>) -> Option<&str> {
 
 async fn install_upgrade_and_delete(on: &OnNode) -> Result<()> {
     let ns = on.ns();
+    // Deletes flux-plunger is to hold through the rollout: their uninstall
+    // is refused until after it.
+    let held = HeldDeletes::create(on, HELD, FencedBy::Today).await?;
     let chart = pushed_chart(None)?;
     // The README's values as they are: G = 90.
     install_as_the_readme_says(on, &chart, serde_json::json!({})).await?;
@@ -319,9 +320,10 @@ async fn install_upgrade_and_delete(on: &OnNode) -> Result<()> {
         "the pod's grace period is {:?}",
         grace(&first)
     );
+    held.wait_held(on).await?;
 
-    // Fences held when the upgrade starts: none may be lost by the rollout
-    // (the old pod's drain or the new leader releases each).
+    // Fences of live releases when the upgrade starts: none may be stranded
+    // by the rollout (the old pod's drain or the new leader releases each).
     let fences = TestNamespace::create(&ns.client, "node-flux-fences").await?;
     let created = testkit::audit::mark();
     let fenced = fenced_releases(&fences, 10).await?;
@@ -372,6 +374,11 @@ async fn install_upgrade_and_delete(on: &OnNode) -> Result<()> {
         "fences left after the upgrade: {left:?}; their writes since they were created:\n{}",
         real_node::trail(created, &fences.name, &left)?
     );
+    // The deletes held before the rollout are held after it, by the new
+    // leader, until their uninstall can run; then each is uninstalled.
+    held.check_still_held(on).await?;
+    let held_count = held.names.len();
+    held.let_uninstall(on).await?;
     // One writer at a time across the rollout, whatever pods it went
     // through (the two changes may reach helm-controller as two upgrades).
     check_one_writer_at_a_time(offset, &on.controller_user())?;
@@ -382,7 +389,8 @@ async fn install_upgrade_and_delete(on: &OnNode) -> Result<()> {
         &name_of(&second),
     )?;
     eprintln!(
-        "upgrade {} -> {} with {} fences held, none lost: the Lease went from {} to {} after {:#}",
+        "upgrade {} -> {} with {} fences of live releases and {held_count} of held deletes, none lost: \
+         the Lease went from {} to {} after {:#}",
         chart.tag,
         next.tag,
         fenced.len(),
@@ -469,5 +477,145 @@ async fn install_upgrade_and_delete(on: &OnNode) -> Result<()> {
         policies.get_opt(NAME).await?.is_none(),
         "the admission guard is left"
     );
+    Ok(())
+}
+
+/// An install of the first release (its chart and image rebuilt from its
+/// commit, `make first-release`) upgraded by helm-controller to today's chart
+/// and image, with deletes the first release holds: today's controller holds
+/// them on — labelling the fences the first release set without a label —
+/// until their uninstall can run, and then lets each go; one writer at a time
+/// across the rollout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upgrade_from_the_first_release_holds_every_delete_it_held() -> Result<()> {
+    with_the_component("node-first", upgrade_from_the_first_release).await
+}
+
+/// The image of the pod's controller container.
+fn controller_image(pod: &Pod) -> Option<&str> {
+    pod.spec
+        .as_ref()?
+        .containers
+        .iter()
+        .find(|c| c.name == real_node::CONTROLLER)?
+        .image
+        .as_deref()
+}
+
+/// The Helm revision of the newest release helm-controller recorded.
+fn installed_revision(release: &DynamicObject) -> Option<i64> {
+    release.data["status"]["history"][0]["version"].as_i64()
+}
+
+fn fence_label(release: &DynamicObject) -> Option<&str> {
+    release
+        .metadata
+        .labels
+        .as_ref()?
+        .get(plunger::names::FENCE_LABEL)
+        .map(String::as_str)
+}
+
+async fn upgrade_from_the_first_release(on: &OnNode) -> Result<()> {
+    let ns = on.ns();
+    let first = pushed_first_release()?;
+    let held = HeldDeletes::create(on, HELD, FencedBy::FirstRelease).await?;
+    let (source, release) = objects_installing(on, &first.chart, &first.image)?;
+    sources(on).create(&PostParams::default(), &source).await?;
+    ns.releases()
+        .create(&PostParams::default(), &release)
+        .await?;
+    wait_release(
+        on,
+        "the first release's install",
+        ACTION_TIMEOUT,
+        ready_at_current_generation,
+    )
+    .await?;
+    let old = on.ready_pod(None).await?;
+    ensure!(
+        controller_image(&old).is_some_and(|i| i.ends_with(&first.image.digest)),
+        "the first release's pod runs {:?}, not {}",
+        controller_image(&old),
+        first.image.reference()
+    );
+    on.wait_lease_held_by(&name_of(&old)).await?;
+    held.wait_held(on).await?;
+    for name in &held.names {
+        let release = ns.releases().get(name).await?;
+        ensure!(
+            fence_label(&release).is_none(),
+            "{name}'s fence has a label before the upgrade: {:?}",
+            release.metadata.labels
+        );
+    }
+
+    // The upgrade as a user of the first release makes it: today's chart
+    // pushed, the OCIRepository moved to it, the image's digest changed.
+    let offset = testkit::audit::mark();
+    let today = pushed_chart(None)?;
+    sources(on)
+        .patch(
+            NAME,
+            &PatchParams::default(),
+            &Patch::Merge(
+                serde_json::json!({"spec": {"url": today.url, "ref": {"tag": today.tag}}}),
+            ),
+        )
+        .await?;
+    ns.releases()
+        .patch(
+            NAME,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"values": {"image": {
+                "repository": on.node.image.repository,
+                "digest": on.node.image.digest,
+            }}}})),
+        )
+        .await?;
+    wait_release(on, "the upgrade to today's chart", ACTION_TIMEOUT, |r| {
+        ready_at_current_generation(r) && r.and_then(installed_revision).is_some_and(|v| v >= 2)
+    })
+    .await?;
+    let new = on.ready_pod(Some(&name_of(&old))).await?;
+    ensure!(
+        controller_image(&new).is_some_and(|i| i.ends_with(&on.node.image.digest)),
+        "after the upgrade the pod runs {:?}, not today's image",
+        controller_image(&new)
+    );
+    on.wait_lease_held_by(&name_of(&new)).await?;
+
+    // Every delete the first release held is held by today's controller,
+    // which labels the fence it took over.
+    held.check_still_held(on).await?;
+    for name in &held.names {
+        wait_named(on, name, "its fence labelled", ACTION_TIMEOUT, |r| {
+            r.and_then(fence_label).is_some()
+        })
+        .await?;
+    }
+    held.check_still_held(on).await?;
+    check_one_writer_at_a_time(offset, &on.controller_user())?;
+    let handover = Writers::read(
+        offset,
+        &on.controller_user(),
+        &name_of(&old),
+        &name_of(&new),
+    )?
+    .handover()?;
+    eprintln!(
+        "upgrade from the first release {} to {} with {HELD} deletes held, none let go: the Lease went from {} to {} after {handover:#}",
+        first.chart.tag,
+        today.tag,
+        name_of(&old),
+        name_of(&new),
+    );
+    held.let_uninstall(on).await?;
+
+    ns.releases().delete(NAME, &Default::default()).await?;
+    wait_release(on, "the release to go", real_node::POD_TIMEOUT * 2, |r| {
+        r.is_none()
+    })
+    .await?;
     Ok(())
 }

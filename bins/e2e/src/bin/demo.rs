@@ -116,11 +116,7 @@ async fn run() -> Result<()> {
     );
     helm_controller();
     source_controller();
-    let mut on = OnNode::new("demo").await?;
-    // The HelmRelease's name, which helm-controller gives the Helm release,
-    // and the chart its objects.
-    on.release = NAME.to_owned();
-    on.fullname = NAME.to_owned();
+    let on = real_node::as_flux::on_node("demo").await?;
     let ns = on.ns();
     let dir = tempfile::tempdir()?;
     let kubeconfig = dir.path().join("kubeconfig");
