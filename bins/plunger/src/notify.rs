@@ -37,6 +37,9 @@ pub enum Posted {
     Unanswered,
     /// Any other HTTP status.
     Answered(u16),
+    /// Never sent: no request could be made of the address and the event
+    /// (nothing a retry would change).
+    Unsendable,
 }
 
 /// How long to wait before trying again after post number `attempt` (from
@@ -46,7 +49,7 @@ pub enum Posted {
 /// and any other answer will not change.
 pub fn retry_after(attempt: u32, posted: Posted) -> Option<Duration> {
     let worth_retrying = match posted {
-        Posted::Accepted => false,
+        Posted::Accepted | Posted::Unsendable => false,
         Posted::Unanswered => true,
         Posted::Answered(status) => status >= 500 && status != 501,
     };
@@ -161,7 +164,7 @@ impl Forwarder {
             .header(http::header::CONTENT_TYPE, "application/json")
             .body(Full::new(body));
         let Ok(request) = request else {
-            return Posted::Answered(0);
+            return Posted::Unsendable;
         };
         match tokio::time::timeout(POST_TIMEOUT, self.client.request(request)).await {
             Ok(Ok(response)) => {
@@ -259,9 +262,11 @@ mod tests {
                 "{posted:?}"
             );
         }
-        // Taken, a duplicate (429), refused (4xx) or not implemented: done.
+        // Taken, never sendable, a duplicate (429), refused (4xx) or not
+        // implemented: done.
         for posted in [
             Posted::Accepted,
+            Posted::Unsendable,
             Posted::Answered(429),
             Posted::Answered(400),
             Posted::Answered(499),
