@@ -261,13 +261,17 @@ fn exported_names() -> BTreeSet<String> {
 /// (`by (...)`, `on (...)`, ...), that are neither a function (followed by
 /// `(`) nor a keyword.
 fn metric_names(expr: &str) -> BTreeSet<String> {
-    const KEYWORDS: &[&str] = &[
+    // The words a label list in parentheses follows.
+    const GROUPING: &[&str] = &[
         "by",
         "without",
         "on",
         "ignoring",
         "group_left",
         "group_right",
+    ];
+    // The other words that are no metric's name.
+    const KEYWORDS: &[&str] = &[
         "offset",
         "bool",
         "and",
@@ -290,14 +294,6 @@ fn metric_names(expr: &str) -> BTreeSet<String> {
         "quantile",
         "limitk",
         "limit_ratio",
-    ];
-    const GROUPING: &[&str] = &[
-        "by",
-        "without",
-        "on",
-        "ignoring",
-        "group_left",
-        "group_right",
     ];
     let chars: Vec<char> = expr.chars().collect();
     let mut names = BTreeSet::new();
@@ -342,7 +338,9 @@ fn metric_names(expr: &str) -> BTreeSet<String> {
                 let function = chars.get(next) == Some(&'(');
                 if !function
                     && !word.starts_with('$')
-                    && !KEYWORDS.contains(&word.to_ascii_lowercase().as_str())
+                    && ![GROUPING, KEYWORDS]
+                        .concat()
+                        .contains(&word.to_ascii_lowercase().as_str())
                 {
                     names.insert(word.clone());
                 }
