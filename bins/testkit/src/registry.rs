@@ -146,25 +146,13 @@ impl OciRegistry {
         let dir = tempfile::tempdir()?;
         let package = dir.path().join(format!("{name}-{version}.tgz"));
         std::fs::write(&package, &archive.bytes)?;
-        let output = helm()?
-            .arg("push")
+        let mut push = helm()?;
+        push.arg("push")
             .arg(&package)
             .arg(format!("oci://{}/{repository}", self.host))
             .arg("--ca-file")
-            .arg(&self.ca_cert)
-            .output()
-            .context("running helm push")?;
-        let said = format!(
-            "{}{}",
-            String::from_utf8_lossy(&output.stdout),
-            String::from_utf8_lossy(&output.stderr)
-        );
-        if !output.status.success() {
-            bail!(
-                "helm push {name}-{version} failed: {said}\nregistry log:\n{}",
-                tail(&self.log, 20)
-            );
-        }
+            .arg(&self.ca_cert);
+        let said = self.run(&format!("helm push {name}-{version}"), push)?;
         let digest = said
             .lines()
             .find_map(|l| l.strip_prefix("Digest: "))
@@ -183,26 +171,13 @@ impl OciRegistry {
     /// it: the digest returned is the archive's own, so a pull by it gets
     /// exactly what was built.
     pub fn push_image(&self, archive: &Path, repository: &str, tag: &str) -> Result<PushedImage> {
-        let output = std::process::Command::new(tool("registry")?)
-            .arg("push")
+        let mut push = std::process::Command::new(tool("registry")?);
+        push.arg("push")
             .arg("--ca-file")
             .arg(&self.ca_cert)
             .arg(archive)
-            .arg(format!("{}/{repository}:{tag}", self.host))
-            .output()
-            .context("running registry push")?;
-        let said = format!(
-            "{}{}",
-            String::from_utf8_lossy(&output.stdout),
-            String::from_utf8_lossy(&output.stderr)
-        );
-        if !output.status.success() {
-            bail!(
-                "registry push {} failed: {said}\nregistry log:\n{}",
-                archive.display(),
-                tail(&self.log, 20)
-            );
-        }
+            .arg(format!("{}/{repository}:{tag}", self.host));
+        let said = self.run(&format!("registry push {}", archive.display()), push)?;
         let (pushed_repository, digest) = said
             .lines()
             .find_map(|l| l.strip_prefix("pushed "))
@@ -212,6 +187,24 @@ impl OciRegistry {
             repository: pushed_repository.to_owned(),
             digest: digest.to_owned(),
         })
+    }
+
+    /// Runs a client of the registry (`what` names it) and returns what it
+    /// printed; if it fails, the error carries that and the registry's log.
+    fn run(&self, what: &str, mut client: std::process::Command) -> Result<String> {
+        let output = client.output().with_context(|| format!("running {what}"))?;
+        let said = format!(
+            "{}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        if !output.status.success() {
+            bail!(
+                "{what} failed: {said}\nregistry log:\n{}",
+                tail(&self.log, 20)
+            );
+        }
+        Ok(said)
     }
 
     /// True while the registry runs.
