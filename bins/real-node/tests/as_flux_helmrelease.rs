@@ -419,6 +419,20 @@ async fn install_upgrade_and_delete(on: &OnNode) -> Result<()> {
         r.is_none()
     })
     .await?;
+    // As helm-controller reports it (its events are recorded apart from the
+    // release's last write, so they may come a moment after it went).
+    testkit::eventually(
+        ACTION_TIMEOUT,
+        "helm-controller's UninstallSucceeded event",
+        || async {
+            Ok(ns
+                .events_for(NAME)
+                .await?
+                .iter()
+                .any(|e| e.reason == "UninstallSucceeded"))
+        },
+    )
+    .await?;
     // The hook ran to completion inside helm-controller's uninstall timeout
     // (and its own deadline), and the uninstall went on after it.
     let hook = on.completed_hook_job().await?;
