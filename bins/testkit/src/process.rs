@@ -40,7 +40,10 @@ echo "$pid" >"$log.pid"
 ( read -r _ignored <&3; kill -TERM "$pid" 2>/dev/null; sleep 2; kill -KILL "$pid" 2>/dev/null ) &
 watcher=$!
 wait "$pid"; status=$?
-kill "$watcher" 2>/dev/null
+# KILL: the watcher ignores TERM as this shell does (it inherited the ignored
+# disposition), and a watcher left behind would signal, once the test process
+# ends, whatever process has reused the server's pid by then.
+kill -KILL "$watcher" 2>/dev/null
 [ -n "$cleanup" ] && rm -rf "$cleanup"
 exit "$status"
 "#;
@@ -228,5 +231,58 @@ impl LoggedProcess {
     ) -> Result<std::process::ExitStatus> {
         self.sigterm()?;
         self.wait(timeout).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The pids of every process whose command line names `path` (a
+    /// supervisor is `sh -c SCRIPT supervisor LOG …`, and its watcher a fork
+    /// of it).
+    fn processes_naming(path: &Path) -> Vec<String> {
+        let needle = path.as_os_str().as_encoded_bytes();
+        std::fs::read_dir("/proc")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|entry| {
+                std::fs::read(entry.path().join("cmdline"))
+                    .is_ok_and(|cmdline| cmdline.windows(needle.len()).any(|w| w == needle))
+            })
+            .map(|entry| entry.file_name().to_string_lossy().into_owned())
+            .collect()
+    }
+
+    /// A server that dies before the test process ends takes its supervisor
+    /// and the supervisor's watcher with it: a watcher left behind would
+    /// signal, when the test process ends, whatever process has reused the
+    /// server's pid by then.
+    #[test]
+    fn a_server_that_dies_leaves_no_watcher_behind() -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        let log = dir.path().join("server.log");
+        let mut server = Supervised::spawn(
+            "sleep",
+            Path::new("/bin/sleep"),
+            &["600".to_owned()],
+            &log,
+            None,
+        )?;
+        server.signal("KILL")?;
+        server.child.wait()?;
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            let left = processes_naming(&log);
+            if left.is_empty() {
+                return Ok(());
+            }
+            anyhow::ensure!(
+                std::time::Instant::now() < deadline,
+                "processes of the supervisor left after it ended: {left:?}"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
     }
 }
