@@ -410,11 +410,8 @@ pub async fn make_stuck_as(
         json!({ "greeting": "hello" }),
     );
     testkit::merge(&mut spec["spec"], placement.spec(ns, release));
-    let object: DynamicObject = serde_json::from_value(spec)?;
-    ns.releases()
-        .create(&kube::api::PostParams::default(), &object)
-        .await?;
-    testkit::real_helm_controller::serve_demo_chart(ns, release).await?;
+    testkit::real_helm_controller::publish_demo_chart(ns).await?;
+    testkit::real_helm_controller::create_release(ns, spec).await?;
     wait_until(ns, release, "installed and Ready=True", Observed::is_ready).await?;
     set_greeting(ns, release, "v2").await?;
     wait_until(ns, release, "upgraded and Ready=True", Observed::is_ready).await?;

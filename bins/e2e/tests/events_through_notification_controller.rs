@@ -13,6 +13,7 @@ use testkit::notification_controller::{
 };
 use testkit::real_causes;
 use testkit::real_helm_controller::helm_controller;
+use testkit::source_controller::source_controller;
 use testkit::webhook_receiver::WebhookReceiver;
 use testkit::{TestNamespace, control_plane};
 
@@ -40,6 +41,7 @@ fn like_flux_plungers(namespace: &str) -> Value {
 #[tokio::test]
 async fn a_recovery_reaches_the_provider_of_an_alert_with_the_revision() -> Result<()> {
     helm_controller();
+    source_controller();
     let notifications = notification_controller();
     let client = control_plane().client().await?;
     let ns = TestNamespace::create(&client, "nc-events").await?;

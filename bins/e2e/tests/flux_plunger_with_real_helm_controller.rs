@@ -25,14 +25,17 @@ use testkit::fixtures::vap_resource;
 use testkit::guard::{Guarded, is_refused_by};
 use testkit::helm_storage::revision_statuses;
 use testkit::real_helm_controller::{
-    demo_configmap, demo_release, helm_controller, helmchart_exists, serve_demo_chart, wait_for,
+    create_release, demo_configmap, demo_release, helm_controller, helmchart_exists,
+    publish_demo_chart, wait_for,
 };
+use testkit::source_controller::source_controller;
 use testkit::{TestNamespace, control_plane};
 
 const RELEASE: &str = "demo";
 
 async fn namespace(prefix: &str) -> Result<TestNamespace> {
     helm_controller();
+    source_controller();
     let client = control_plane().client().await?;
     TestNamespace::create(&client, prefix).await
 }
@@ -705,10 +708,8 @@ async fn stuck_after_a_keep_history_uninstall(
 ) -> Result<k8s_openapi::api::core::v1::ConfigMap> {
     let mut first = demo_release(&ns.name, RELEASE, json!({ "greeting": "hello" }));
     first["spec"]["uninstall"]["keepHistory"] = json!(true);
-    ns.releases()
-        .create(&PostParams::default(), &serde_json::from_value(first)?)
-        .await?;
-    serve_demo_chart(ns, RELEASE).await?;
+    publish_demo_chart(ns).await?;
+    create_release(ns, first).await?;
     wait_until(ns, RELEASE, "installed and Ready=True", Observed::is_ready).await?;
     e2e::set_greeting(ns, RELEASE, "v2").await?;
     wait_until(ns, RELEASE, "upgraded and Ready=True", Observed::is_ready).await?;
@@ -729,11 +730,8 @@ async fn stuck_after_a_keep_history_uninstall(
         &mut second["spec"],
         json!({ "releaseName": RELEASE, "targetNamespace": ns.name }),
     );
-    second_ns
-        .releases()
-        .create(&PostParams::default(), &serde_json::from_value(second)?)
-        .await?;
-    serve_demo_chart(second_ns, SECOND).await?;
+    publish_demo_chart(second_ns).await?;
+    create_release(second_ns, second).await?;
     wait_until(
         second_ns,
         SECOND,

@@ -32,12 +32,14 @@ use plunger::names::{FENCE_FINALIZER, HELM_CONTROLLER_FINALIZER, storage_secret_
 use std::collections::BTreeMap;
 use testkit::helm_storage::{revision_statuses, set_revision_status};
 use testkit::real_helm_controller::{demo_configmap, helm_controller, helmchart_exists, wait_for};
+use testkit::source_controller::source_controller;
 use testkit::{TestNamespace, control_plane};
 
 const RELEASE: &str = "demo";
 
 async fn namespace(prefix: &str) -> Result<TestNamespace> {
     helm_controller();
+    source_controller();
     let client = control_plane().client().await?;
     TestNamespace::create(&client, prefix).await
 }
@@ -510,13 +512,10 @@ async fn storage_secrets_carry_the_labels_and_type_flux_plunger_lists_by() -> Re
 /// `targetNamespace` prefix, shortened past 53 characters.
 #[tokio::test]
 async fn flux_plunger_computes_the_helm_release_name_the_real_helm_controller_uses() -> Result<()> {
-    use kube::api::PostParams;
     use plunger::release::view::ReleaseView;
     use plunger::storage::view::{StorageLocation, default_release_name, shorten_release_name};
-    testkit::real_helm_controller::helm_controller();
-    let client = testkit::control_plane().client().await?;
-    let ns = testkit::TestNamespace::create(&client, "e2e-identity").await?;
-    let target = testkit::TestNamespace::create(&client, "e2e-identity-target").await?;
+    let ns = namespace("e2e-identity").await?;
+    let target = namespace("e2e-identity-target").await?;
     let name = "a-release-whose-name-is-long-enough";
     let mut release = testkit::real_helm_controller::demo_release(
         &ns.name,
@@ -524,11 +523,8 @@ async fn flux_plunger_computes_the_helm_release_name_the_real_helm_controller_us
         serde_json::json!({"greeting": "hi"}),
     );
     release["spec"]["targetNamespace"] = serde_json::json!(target.name);
-    let object: kube::api::DynamicObject = serde_json::from_value(release)?;
-    ns.releases()
-        .create(&PostParams::default(), &object)
-        .await?;
-    testkit::real_helm_controller::serve_demo_chart(&ns, name).await?;
+    testkit::real_helm_controller::publish_demo_chart(&ns).await?;
+    testkit::real_helm_controller::create_release(&ns, release).await?;
     let ready = e2e::wait_until(
         &ns,
         name,

@@ -12,9 +12,11 @@
 //!   helm-controller while it waits for an object a finalizer holds (C).
 //!
 //! Each test runs a helm-controller of its own, watching only its namespace
-//! (C kills it; the others would lose theirs), and no flux-plunger until the
-//! stuck state has been seen: then the user fixes the value, the state stays
-//! stuck, and flux-plunger is started to recover it.
+//! (C kills it; the others would lose theirs), beside the source-controller
+//! of the test process, which builds every test's chart from the registry,
+//! and no flux-plunger until the stuck state has been seen: then the user
+//! fixes the value, the state stays stuck, and flux-plunger is started to
+//! recover it.
 //!
 //! What helm-controller v1.4.0, v1.6.1 and v1.6.4 report (`Ready=False`, for
 //! release `<ns>/demo` and chart `demo@1.0.0`; storage and `status.history`):
@@ -38,11 +40,12 @@ use e2e::FluxPlunger;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::{Value, json};
-use testkit::control_plane::{AuthInfo, free_port, tail, tool};
+use testkit::control_plane::{AuthInfo, tool};
 use testkit::helm_storage::revision_statuses;
 use testkit::process::Supervised;
 use testkit::real_causes::{self, HOLD_FINALIZER, name_in_use};
 use testkit::real_helm_controller::selected_version;
+use testkit::source_controller::source_controller;
 use testkit::{TestNamespace, control_plane};
 
 /// The HelmRelease, and the Helm release it installs, of every test.
@@ -94,11 +97,12 @@ impl ScopedHelmController {
         let kubeconfig = dir.join("kubeconfig");
         control_plane().write_kubeconfig(&kubeconfig, &AuthInfo::AdminCertificate)?;
         let log = dir.join("helm-controller.log");
-        let health = free_port()?;
+        // Ports it binds itself and logs: a port found free here could be
+        // taken by another socket before helm-controller binds it.
         let args = vec![
             "--watch-all-namespaces=false".to_owned(),
             "--metrics-addr=127.0.0.1:0".to_owned(),
-            format!("--health-addr=127.0.0.1:{health}"),
+            "--health-addr=127.0.0.1:0".to_owned(),
             "--enable-leader-election=false".to_owned(),
             "--events-addr=".to_owned(),
             "--log-encoding=console".to_owned(),
@@ -119,14 +123,26 @@ impl ScopedHelmController {
             Some(&dir),
         )?;
         let deadline = Instant::now() + WAIT;
-        while http_status(health, "/readyz").await != Some(200) {
+        // Read before each check of the process: once it has exited, its log
+        // went with its directory.
+        let mut logged = String::new();
+        loop {
+            let ready = match health_port(&logged) {
+                Some(port) => http_status(port, "/readyz").await == Some(200),
+                None => false,
+            };
+            if ready {
+                break;
+            }
             if !server.is_running() || Instant::now() > deadline {
+                let text: Vec<&str> = logged.lines().collect();
                 bail!(
                     "helm-controller {version} did not get ready; its log:\n{}",
-                    tail(&log, 40)
+                    text[text.len().saturating_sub(40)..].join("\n")
                 );
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
+            logged = std::fs::read_to_string(&log).unwrap_or_default();
         }
         Ok((server, log))
     }
@@ -175,6 +191,16 @@ impl ScopedHelmController {
         let lines: Vec<&str> = all.lines().collect();
         lines[lines.len().saturating_sub(60)..].join("\n")
     }
+}
+
+/// The port helm-controller logged its health probe server started on
+/// (controller-runtime's `starting server {"name": "health probe", "addr":
+/// "127.0.0.1:PORT"}`).
+fn health_port(log: &str) -> Option<u16> {
+    let line = log.lines().find(|l| l.contains("\"health probe\""))?;
+    let (_, after) = line.split_once("\"addr\": \"")?;
+    let (address, _) = after.split_once('"')?;
+    address.rsplit_once(':')?.1.parse().ok()
 }
 
 async fn http_status(port: u16, path: &str) -> Option<u16> {
@@ -320,6 +346,7 @@ struct Case {
 
 impl Case {
     async fn start(name: &'static str) -> Result<Self> {
+        source_controller();
         let client = control_plane().client().await?;
         let ns = TestNamespace::create(&client, &format!("e2e-cause-{name}")).await?;
         let helm_controller = ScopedHelmController::start(&ns).await?;

@@ -10,12 +10,10 @@
 //! of its own.
 //!
 //! End-to-end tests run Flux's real helm-controller on that control plane
-//! ([`real_helm_controller`]), with a loopback artifact server standing in for
-//! source-controller, or with the real source-controller
-//! ([`source_controller`]) pulling charts from a real OCI registry
-//! ([`registry`]). Flux's real notification-controller
-//! ([`notification_controller`]) forwards events to a loopback receiver
-//! ([`webhook_receiver`]).
+//! ([`real_helm_controller`]), its charts built by the real source-controller
+//! ([`source_controller`]) from a real OCI registry ([`registry`]). Flux's
+//! real notification-controller ([`notification_controller`]) forwards
+//! events to a loopback receiver ([`webhook_receiver`]).
 //!
 //! Randomized tests put a [`FaultProxy`] between a client and the apiserver
 //! (resets, 5xx, 409s, 429s and latency at seeded rates, per verb) and draw
@@ -35,9 +33,8 @@ pub mod process;
 pub mod seeded;
 pub mod token_trap;
 
-// Flux's real helm-controller, and what it needs: a chart, an artifact server
-// and a reader of Helm's release storage.
-pub mod artifact_server;
+// Flux's real helm-controller, and what it needs: a chart and a reader of
+// Helm's release storage.
 pub mod chart;
 pub mod helm_storage;
 pub mod real_causes;

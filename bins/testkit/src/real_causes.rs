@@ -7,7 +7,9 @@
 
 use crate::TestNamespace;
 use crate::chart::ChartArchive;
-use crate::real_helm_controller::{demo_release, selected_version, serve_chart, wait_for};
+use crate::real_helm_controller::{
+    create_release, demo_release, publish_chart, selected_version, wait_for,
+};
 use anyhow::Result;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
@@ -99,9 +101,12 @@ pub fn failing_chart() -> Result<ChartArchive> {
 
 /// Creates HelmRelease `name` in `ns`: the demo release's spec with install
 /// remediation (one retry, by uninstalling), the chart's value `extraKey` the
-/// apiserver refuses, and `spec` merged in; then plays source-controller for
-/// [`failing_chart`].
+/// apiserver refuses, and `spec` merged in. Its chart is [`failing_chart`],
+/// published in `ns` first ([`publish_chart`]: the registry, an OCI
+/// HelmRepository, the real source-controller); returns once
+/// source-controller has made the release's HelmChart ready.
 pub async fn create_failing_release(ns: &TestNamespace, name: &str, spec: Value) -> Result<()> {
+    publish_chart(ns, "demo", "1.0.0", failing_chart()?).await?;
     let mut release = demo_release(
         &ns.name,
         name,
@@ -112,19 +117,14 @@ pub async fn create_failing_release(ns: &TestNamespace, name: &str, spec: Value)
         json!({ "install": { "remediation": { "retries": 1 } } }),
     );
     crate::merge(&mut release["spec"], spec);
-    let object: DynamicObject = serde_json::from_value(release)?;
-    ns.releases()
-        .create(&PostParams::default(), &object)
-        .await?;
-    serve_chart(ns, name, "demo", "1.0.0", failing_chart()?).await?;
+    create_release(ns, release).await?;
     Ok(())
 }
 
-/// As [`create_failing_release`], its chart where a real source-controller
-/// runs (the node tier's Flux test): `helm push`ed to the registry and named
-/// by `chartRef` through an `OCIRepository`. There the HelmChart
-/// [`create_failing_release`] serves by hand would be source-controller's to
-/// reconcile, and it would mark it failed (its HelmRepository does not exist).
+/// As [`create_failing_release`], its chart named as the README's install
+/// names one (the node tier's Flux test): `helm push`ed to the registry and
+/// named by `chartRef` through an `OCIRepository`, rather than by
+/// `spec.chart` through a HelmRepository.
 pub async fn create_failing_release_from_registry(
     ns: &TestNamespace,
     name: &str,

@@ -5,31 +5,29 @@
 //! control plane and stopped with it (see [`crate::process`]). It watches all
 //! namespaces, so tests keep apart by namespace as they do anyway.
 //!
-//! helm-controller only reads a source's `status.artifact` and downloads
-//! `artifact.url`, checking `artifact.digest`. A test binary either runs the
-//! real source-controller ([`crate::source_controller`]) and pushes its chart
-//! to the real registry ([`crate::registry`]), or plays source-controller with
-//! [`serve_demo_chart`]: it writes that status on the HelmChart helm-controller
-//! creates from `spec.chart`, pointing at the demo chart on the loopback
-//! [`crate::artifact_server`]. Never both in one test binary: the real
-//! source-controller would reconcile those HelmCharts too, and find no
-//! HelmRepository behind them.
+//! Its charts come the way a cluster's do: [`publish_chart`] `helm push`es a
+//! chart to the test world's registry ([`crate::registry`]) and writes the OCI
+//! `HelmRepository` a release's `spec.chart` names; the real source-controller
+//! ([`crate::source_controller`]) builds the artifact of the `HelmChart`
+//! helm-controller creates from `spec.chart`, and helm-controller downloads it
+//! from there. Nothing writes a source's status by hand.
 
 use std::path::PathBuf;
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams, PostParams};
+use kube::api::{Api, ApiResource, DynamicObject, PostParams};
 use kube::core::GroupVersionKind;
 use plunger::names;
 use serde_json::{Value, json};
 
-use crate::artifact_server::artifact_server;
 use crate::chart::{CHART_NAME, CHART_VERSION, ChartArchive, configmap_name, demo_chart};
 use crate::fixtures::TestNamespace;
 use crate::flux_controller::{FluxController, pinned_version, scratch_dir};
+use crate::registry::{PushedChart, registry};
+use crate::source_controller::source_controller;
 
 /// Names the helm-controller version to run (e.g. `v1.6.0`); unset, the
 /// version pinned as `HELM_CONTROLLER_VERSION` in `hack/tools/versions.mk`.
@@ -76,8 +74,31 @@ pub fn selected_version() -> Result<String> {
     pinned_version(VERSION_ENV, "HELM_CONTROLLER_VERSION")
 }
 
+/// How many times a start is tried: the health port [`FluxController::start`]
+/// gives helm-controller is one found free a moment before, and should another
+/// socket take it first, helm-controller exits; a start with a new port
+/// follows.
+const START_ATTEMPTS: usize = 3;
+
 impl HelmController {
     fn start() -> Result<Self> {
+        let mut failures = Vec::new();
+        for attempt in 1..=START_ATTEMPTS {
+            match Self::start_once() {
+                Ok(controller) => return Ok(controller),
+                Err(e) => {
+                    eprintln!("testkit: helm-controller start {attempt} failed: {e:#}");
+                    failures.push(format!("{e:#}"));
+                }
+            }
+        }
+        bail!(
+            "helm-controller did not start in {START_ATTEMPTS} attempts:\n{}",
+            failures.join("\n")
+        )
+    }
+
+    fn start_once() -> Result<Self> {
         let version = selected_version()?;
         let dir = scratch_dir("flux-plunger-hc-")?;
         let args = vec![
@@ -125,11 +146,23 @@ pub fn helmchart_resource() -> ApiResource {
     )
 }
 
+/// Flux's HelmRepository (source-controller's API).
+pub fn helmrepository_resource() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("source.toolkit.fluxcd.io", "v1", "HelmRepository"),
+        "helmrepositories",
+    )
+}
+
 /// The name helm-controller gives the HelmChart of a release's `spec.chart`
 /// template: `<namespace>-<name>`.
 pub fn helmchart_name(namespace: &str, release: &str) -> String {
     format!("{namespace}-{release}")
 }
+
+/// The HelmRepository every [`demo_release`] takes its chart from, in the
+/// release's namespace ([`publish_chart`] writes it).
+pub const CHART_REPOSITORY: &str = "demo";
 
 /// A HelmRelease of the demo chart as a user writes one (client-side create):
 /// no readiness wait (nothing here ever becomes ready but a ConfigMap is ready
@@ -144,7 +177,7 @@ pub fn demo_release(namespace: &str, name: &str, values: Value) -> Value {
             "chart": {"spec": {
                 "chart": CHART_NAME,
                 "version": CHART_VERSION,
-                "sourceRef": {"kind": "HelmRepository", "name": "demo"},
+                "sourceRef": {"kind": "HelmRepository", "name": CHART_REPOSITORY},
                 "interval": "1h",
             }},
             "install": {"disableWait": true},
@@ -155,80 +188,146 @@ pub fn demo_release(namespace: &str, name: &str, values: Value) -> Value {
     })
 }
 
-/// Creates the demo HelmRelease `name` in `ns`, then plays source-controller
-/// for the HelmChart helm-controller creates from it.
+/// The OCI HelmRepository [`CHART_REPOSITORY`] of `namespace`, holding the
+/// charts under `url` (`oci://HOST/REPOSITORY`), as a user writes one. No
+/// `certSecretRef`: source-controller trusts the registry's CA as its system
+/// roots (see [`crate::source_controller`]).
+pub fn chart_repository(namespace: &str, url: &str) -> Value {
+    json!({
+        "apiVersion": "source.toolkit.fluxcd.io/v1",
+        "kind": "HelmRepository",
+        "metadata": {"name": CHART_REPOSITORY, "namespace": namespace},
+        "spec": {"type": "oci", "url": url, "interval": "1h"},
+    })
+}
+
+/// Publishes `archive` (the packaged chart `chart_name` at `chart_version`)
+/// for the releases of `ns`, as a user publishes a chart: `helm push`ed to
+/// the registry's repository named after `ns` (so tests keep apart), and the
+/// OCI HelmRepository [`CHART_REPOSITORY`] naming that repository. The real
+/// source-controller (started here on first use) pulls it from there for the
+/// HelmChart of each release's `spec.chart`.
+///
+/// Call it before creating a release that needs it: a HelmChart whose
+/// HelmRepository is missing fails, and source-controller looks at it again
+/// only after its backoff (an OCI HelmRepository has no artifact whose change
+/// would wake it). Publishing the same chart again is harmless: the push
+/// writes the same manifest under the same tag, and an existing
+/// HelmRepository is kept. One namespace holds one chart per name and
+/// version: source-controller keeps the artifact it built for a version.
+pub async fn publish_chart(
+    ns: &TestNamespace,
+    chart_name: &str,
+    chart_version: &str,
+    archive: ChartArchive,
+) -> Result<PushedChart> {
+    let (repository, name, version) = (
+        ns.name.clone(),
+        chart_name.to_owned(),
+        chart_version.to_owned(),
+    );
+    // Starting the servers and `helm push` block: off the test's runtime, so
+    // the other releases a test sets up at once go on meanwhile.
+    let pushed = tokio::task::spawn_blocking(move || {
+        source_controller();
+        registry().push_chart(&repository, &name, &version, &archive)
+    })
+    .await
+    .context("the chart push panicked")??;
+    let repositories: Api<DynamicObject> =
+        Api::namespaced_with(ns.client.clone(), &ns.name, &helmrepository_resource());
+    let url = format!("oci://{}/{}", registry().host, ns.name);
+    match repositories
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(chart_repository(&ns.name, &url))?,
+        )
+        .await
+    {
+        Ok(_) => {}
+        Err(kube::Error::Api(status)) if status.code == 409 => {}
+        Err(e) => return Err(e).context("creating the HelmRepository"),
+    }
+    Ok(pushed)
+}
+
+/// [`publish_chart`] of the demo chart.
+pub async fn publish_demo_chart(ns: &TestNamespace) -> Result<PushedChart> {
+    publish_chart(ns, CHART_NAME, CHART_VERSION, demo_chart()?).await
+}
+
+/// Creates HelmRelease `release` (a manifest such as [`demo_release`] writes,
+/// its chart published already) and waits until source-controller has made
+/// its HelmChart ready ([`wait_for_chart`]).
+pub async fn create_release(ns: &TestNamespace, release: Value) -> Result<DynamicObject> {
+    let name = release["metadata"]["name"]
+        .as_str()
+        .context("a HelmRelease without a name")?
+        .to_owned();
+    let object: DynamicObject = serde_json::from_value(release)?;
+    let created = ns
+        .releases()
+        .create(&PostParams::default(), &object)
+        .await?;
+    wait_for_chart(ns, &name).await?;
+    Ok(created)
+}
+
+/// Publishes the demo chart in `ns` ([`publish_demo_chart`]), creates the
+/// demo HelmRelease `name` there and waits until its HelmChart is ready.
 pub async fn create_demo_release(
     ns: &TestNamespace,
     name: &str,
     values: Value,
 ) -> Result<DynamicObject> {
-    let object: DynamicObject = serde_json::from_value(demo_release(&ns.name, name, values))?;
-    let created = ns
-        .releases()
-        .create(&PostParams::default(), &object)
-        .await?;
-    serve_demo_chart(ns, name).await?;
-    Ok(created)
+    publish_demo_chart(ns).await?;
+    create_release(ns, demo_release(&ns.name, name, values)).await
 }
 
-/// Waits for helm-controller to create the HelmChart of release `name`, then
-/// writes the status source-controller would: ready, with an artifact whose
-/// URL serves the demo chart and whose digest matches it.
-pub async fn serve_demo_chart(ns: &TestNamespace, name: &str) -> Result<DynamicObject> {
-    serve_chart(ns, name, CHART_NAME, CHART_VERSION, demo_chart()?).await
-}
-
-/// As [`serve_demo_chart`], for any packaged chart: `chart_name` at
-/// `chart_version` served from `archive`.
-pub async fn serve_chart(
-    ns: &TestNamespace,
-    name: &str,
-    chart_name_in_archive: &str,
-    chart_version: &str,
-    archive: ChartArchive,
-) -> Result<DynamicObject> {
+/// Waits until the HelmChart helm-controller creates for release `name` is
+/// ready as source-controller reports it: `Ready=True` for its generation,
+/// with an artifact. On timeout the error carries the HelmChart's status and
+/// source-controller's log tail.
+pub async fn wait_for_chart(ns: &TestNamespace, name: &str) -> Result<DynamicObject> {
     let charts: Api<DynamicObject> =
         Api::namespaced_with(ns.client.clone(), &ns.name, &helmchart_resource());
     let chart_name = helmchart_name(&ns.name, name);
-    let chart = wait_for(
+    let last_status = Mutex::new(Value::Null);
+    let (charts, chart_name_ref, last) = (&charts, &chart_name, &last_status);
+    wait_for(
         &format!(
-            "helm-controller to create HelmChart {}/{chart_name}",
+            "source-controller to make HelmChart {}/{chart_name} ready",
             ns.name
         ),
-        || {
-            let charts = charts.clone();
-            let chart_name = chart_name.clone();
-            async move { Ok(charts.get_opt(&chart_name).await?) }
+        || async move {
+            let Some(chart) = charts.get_opt(chart_name_ref).await? else {
+                return Ok(None);
+            };
+            let status = &chart.data["status"];
+            *last.lock().unwrap() = status.clone();
+            let ready = status["conditions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|c| {
+                    c["type"] == "Ready"
+                        && c["status"] == "True"
+                        && c["observedGeneration"].as_i64() == chart.metadata.generation
+                });
+            Ok((ready && status["artifact"].is_object()).then_some(chart))
         },
     )
-    .await?;
-    let path = format!(
-        "helmchart/{}/{chart_name}/{chart_name_in_archive}-{chart_version}.tgz",
-        ns.name
-    );
-    let size = archive.bytes.len();
-    let url = artifact_server().publish(&path, archive.bytes);
-    let generation = chart
-        .metadata
-        .generation
-        .context("HelmChart without a generation")?;
-    let now = "2026-01-01T00:00:00Z";
-    let status = json!({"status": {
-        "observedGeneration": generation,
-        "observedChartName": chart_name_in_archive,
-        "conditions": [{
-            "type": "Ready", "status": "True", "reason": "ChartPullSucceeded",
-            "message": format!("pulled '{chart_name_in_archive}' chart with version '{chart_version}'"),
-            "lastTransitionTime": now, "observedGeneration": generation,
-        }],
-        "artifact": {
-            "path": path, "url": url, "revision": chart_version,
-            "digest": archive.digest, "lastUpdateTime": now, "size": size,
-        },
-    }});
-    Ok(charts
-        .patch_status(&chart_name, &PatchParams::default(), &Patch::Merge(&status))
-        .await?)
+    .await
+    .with_context(|| {
+        let controller = &source_controller().controller;
+        format!(
+            "HelmChart {}/{chart_name} status: {:#}\nsource-controller (running: {}) log tail:\n{}",
+            ns.name,
+            last_status.lock().unwrap(),
+            controller.is_running(),
+            controller.log_tail(40)
+        )
+    })
 }
 
 /// Polls `probe` until it yields `Some`, for at most [`ACT_TIMEOUT`]. On
@@ -270,12 +369,23 @@ pub async fn demo_configmap(ns: &TestNamespace, release: &str) -> Result<Option<
     Ok(configmaps.get_opt(&configmap_name(release)).await?)
 }
 
-/// True if the HelmChart helm-controller made for release `name` exists.
+/// True if the HelmChart helm-controller made for release `name` exists. One
+/// being deleted is waited out (source-controller's finalizer holds it until
+/// source-controller has removed its artifact): it is gone.
 pub async fn helmchart_exists(ns: &TestNamespace, name: &str) -> Result<bool> {
     let charts: Api<DynamicObject> =
         Api::namespaced_with(ns.client.clone(), &ns.name, &helmchart_resource());
-    Ok(charts
-        .get_opt(&helmchart_name(&ns.name, name))
-        .await?
-        .is_some())
+    let chart_name = helmchart_name(&ns.name, name);
+    let (charts, chart_name_ref) = (&charts, &chart_name);
+    wait_for(
+        &format!("HelmChart {}/{chart_name} deleted or not", ns.name),
+        || async move {
+            Ok(match charts.get_opt(chart_name_ref).await? {
+                None => Some(false),
+                Some(chart) if chart.metadata.deletion_timestamp.is_some() => None,
+                Some(_) => Some(true),
+            })
+        },
+    )
+    .await
 }

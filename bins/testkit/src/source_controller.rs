@@ -1,16 +1,19 @@
 //! Flux's real source-controller, built by `make tools` from its published Go
 //! module, running against the local control plane: it pulls charts from the
 //! test world's OCI registry ([`crate::registry`]) for `OCIRepository`
-//! objects, keeps them in its storage directory and serves them, on a
-//! loopback port, to helm-controller, as a cluster's source-controller does.
+//! objects and for the `HelmChart`s of OCI `HelmRepository` objects, keeps
+//! them in its storage directory and serves them, on a loopback port, to
+//! helm-controller, as a cluster's source-controller does.
 //!
 //! One source-controller per test process, started on first use and stopped
 //! with it (see [`crate::process`]). It watches all namespaces.
 
+use std::net::TcpStream;
 use std::path::PathBuf;
 use std::sync::OnceLock;
+use std::time::{Duration, Instant};
 
-use anyhow::Result;
+use anyhow::{Result, bail};
 use kube::api::ApiResource;
 use kube::core::GroupVersionKind;
 use serde_json::{Value, json};
@@ -53,9 +56,36 @@ pub fn source_controller() -> &'static SourceController {
     }
 }
 
+/// How many times a start is tried. source-controller needs the port of its
+/// artifact server in advance (it writes it into every artifact URL), so the
+/// port is one found free a moment before; should another socket take it
+/// first, or the health port [`FluxController::start`] picks the same way,
+/// source-controller exits, and a start with new ports follows.
+const START_ATTEMPTS: usize = 3;
+
 impl SourceController {
     fn start() -> Result<Self> {
+        let mut failures = Vec::new();
+        for attempt in 1..=START_ATTEMPTS {
+            match Self::start_once() {
+                Ok(controller) => return Ok(controller),
+                Err(e) => {
+                    eprintln!("testkit: source-controller start {attempt} failed: {e:#}");
+                    failures.push(format!("{e:#}"));
+                }
+            }
+        }
+        bail!(
+            "source-controller did not start in {START_ATTEMPTS} attempts:\n{}",
+            failures.join("\n")
+        )
+    }
+
+    fn start_once() -> Result<Self> {
         let version = pinned_version(VERSION_ENV, "SOURCE_CONTROLLER_VERSION")?;
+        // The control plane first: the artifact port is picked right before
+        // source-controller binds it, not a control plane's start earlier.
+        let ca = control_plane().pki().ca_cert.clone();
         let dir = scratch_dir("flux-plunger-sc-")?;
         let storage = dir.join("storage");
         std::fs::create_dir_all(&storage)?;
@@ -76,7 +106,6 @@ impl SourceController {
         // The registry's certificate chains to the control plane's CA. As the
         // system's only roots, it is trusted as a public registry's is: an
         // OCIRepository needs no `certSecretRef` and reads as a user's.
-        let ca = control_plane().pki().ca_cert.clone();
         let controller = FluxController::start(
             "source-controller",
             &version,
@@ -84,6 +113,26 @@ impl SourceController {
             args,
             &[("SSL_CERT_FILE", ca.as_path())],
         )?;
+        // Ready may come before the artifact server listens, and a port taken
+        // meanwhile shows only as source-controller exiting.
+        let deadline = Instant::now() + crate::flux_controller::START_TIMEOUT;
+        let mut log = String::new();
+        while TcpStream::connect(&artifacts).is_err() {
+            if !controller.is_running() {
+                bail!(
+                    "source-controller exited before its artifact server listened on {artifacts}; \
+                     its log:\n{log}"
+                );
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "source-controller's artifact server does not listen on {artifacts}; its log:\n{}",
+                    controller.log_tail(40)
+                );
+            }
+            log = controller.log_tail(40);
+            std::thread::sleep(Duration::from_millis(50));
+        }
         Ok(Self {
             version,
             storage,
