@@ -28,8 +28,11 @@ if [ -n "$prebuilt" ]; then
   built=$prebuilt
   static=("${binaries[@]}")
 else
-  step "static binaries (cargo build --release --target $target; cold: several minutes on 2 cores)"
-  cargo build --locked --release --target "$target" \
+  # cargo auditable, as make dist builds the released binaries: this is the
+  # same build (pause changes no feature), so a release after the node tier
+  # compiles nothing again for amd64.
+  step "static binaries (cargo auditable build --release --target $target; cold: several minutes on 2 cores)"
+  "${CARGO_AUDITABLE:-cargo-auditable}" auditable build --locked --release --target "$target" \
     -p flux-plunger -p flux-plunger-drain -p flux-plunger-sweep -p pause
   built="$root/target/$target/release"
   static=("${binaries[@]}" pause)

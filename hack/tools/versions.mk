@@ -58,3 +58,21 @@ BATS_VERSION := 1.13.0
 NODE_DEBIAN_PACKAGES := containerd runc containernetworking-plugins buildah musl-tools iptables
 # The Rust target of the image's static binaries (installed by rustup).
 IMAGE_RUST_TARGET := x86_64-unknown-linux-musl
+# make dist (docs/releasing.md) and make image build the release binaries with
+# cargo-auditable, which embeds each binary's crate graph (a zlib-compressed
+# JSON in a `.dep-v0` section) so that scanners see the crates inside a FROM
+# scratch image; rust-audit-info, by the same authors, reads it back: make
+# dist's SBOM is made from what the binaries carry. Both from crates.io into
+# _out/cargo (cargo install --locked).
+CARGO_AUDITABLE_VERSION := 0.7.7
+RUST_AUDIT_INFO_VERSION := 0.5.4
+# The arm64 image's static target (installed by rustup), and make dist's
+# Debian packages, named here and nowhere else: gcc-aarch64-linux-gnu is the
+# linker of the arm64 binaries and the C compiler of ring's C code, with
+# libc6-dev-arm64-cross's headers (its stdint.h; the binaries link Rust's own
+# musl); qemu-user-static runs the arm64 binaries' --version on this amd64
+# machine; jq writes the SBOM; buildah and musl-tools as for make image. Tried
+# here: gcc-aarch64-linux-gnu 12.2.0-3, libc6-dev-arm64-cross 2.36-8cross1,
+# qemu-user-static 7.2+dfsg-7+deb12u18, jq 1.6-2.1+deb12u3 (Debian 12).
+DIST_ARM64_RUST_TARGET := aarch64-unknown-linux-musl
+DIST_DEBIAN_PACKAGES := buildah musl-tools gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user-static jq
