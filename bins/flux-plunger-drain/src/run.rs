@@ -73,8 +73,8 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         None => return Ok(unknown("could not renew the leader Lease")),
     }
 
-    let held = lease::hold(lock, sent, Keeping::drain(&timings));
-    let writer = args.kube.writer_client(held.claim()).await?;
+    let leading = lease::lead(lock, sent, Keeping::drain(&timings));
+    let writer = args.kube.writer_client(leading.leadership()).await?;
     let events = args.events.events(writer.clone(), &identity);
     let reconciler = Reconciler::new(writer.clone(), events, timings)
         .with_controls(Controls {
@@ -89,12 +89,12 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         &writer,
         &reconciler,
         &scope,
-        held.claim(),
+        leading.leadership(),
         work_until,
         usize::from(args.concurrent),
     )
     .await;
-    if let Some(lock) = held.stop().await {
+    if let Some(lock) = leading.stop().await {
         hand_over(&lock, deadline).await;
     }
     Ok(log_report(&report))

@@ -77,7 +77,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     let (stop_tx, mut stop_rx) = watch::channel(Stop::Running);
     tokio::spawn(stop_on_signal(stop_tx.clone()));
 
-    let held = if args.leader_elect {
+    let leading = if args.leader_elect {
         let namespace = args
             .lease
             .namespace("--leader-elect keeps its Lease there")?;
@@ -96,14 +96,14 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         };
         readiness.set_syncing();
         metrics.leader.set(1);
-        let held = lease::hold(lock, renewed_at, Keeping::controller(&timings));
-        let lost = held.lost();
+        let leading = lease::lead(lock, renewed_at, Keeping::controller(&timings));
+        let lost = leading.lost();
         let stop = stop_tx.clone();
         tokio::spawn(async move {
             lost.await;
             let _ = stop.send(Stop::LostLease);
         });
-        Some(held)
+        Some(leading)
     } else {
         tracing::warn!("leader election is off: run exactly one flux-plunger against this cluster");
         None
@@ -193,8 +193,8 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         }
         Stop::Signal | Stop::Running => {
             // The Lease stays as it is, for the drain.
-            if let Some(held) = held {
-                held.stop().await;
+            if let Some(leading) = leading {
+                leading.stop().await;
             }
             let started = Instant::now();
             match tokio::time::timeout(timings.controller_stop_bound, &mut controller_task).await {

@@ -25,16 +25,16 @@ impl KubeArgs {
     }
 
     /// A client for a writer under the leader Lease: bounded like
-    /// [`Self::client`], and every write held back while `claim` is not
+    /// [`Self::client`], and every write held back while `leadership` is not
     /// current (`plunger::client::bounded_writer`).
     pub async fn writer_client(
         &self,
-        claim: tokio::sync::watch::Receiver<crate::lease::Claim>,
+        leadership: tokio::sync::watch::Receiver<crate::lease::Leadership>,
     ) -> anyhow::Result<kube::Client> {
         Ok(crate::client::bounded_writer(
             self.config().await?,
             REQUEST_TIMEOUT,
-            claim,
+            leadership,
         )?)
     }
 

@@ -22,7 +22,7 @@ use kube::client::{Body, ClientBuilder};
 use tower_layer::Layer;
 use tower_service::Service;
 
-use crate::lease::Claim;
+use crate::lease::Leadership;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -34,24 +34,24 @@ pub fn bounded(config: kube::Config, timeout: Duration) -> kube::Result<kube::Cl
 }
 
 /// As [`bounded`], for a writer under the leader Lease: a write is sent only
-/// while `claim` is current, and fails with [`NotLeader`] otherwise. Every
+/// while `leadership` is current, and fails with [`NotLeader`] otherwise. Every
 /// write goes through this one check, whichever code sends it.
 pub fn bounded_writer(
     config: kube::Config,
     timeout: Duration,
-    claim: tokio::sync::watch::Receiver<Claim>,
+    leadership: tokio::sync::watch::Receiver<Leadership>,
 ) -> kube::Result<kube::Client> {
     Ok(ClientBuilder::try_from(config)?
-        .with_layer(&WriteGateLayer { claim })
+        .with_layer(&WriteGateLayer { leadership })
         .with_layer(&RequestTimeoutLayer { timeout })
         .build())
 }
 
-/// A write that was not sent: this process's claim on the leader Lease has
-/// lapsed or is lost.
+/// A write that was not sent: this process's leadership (of the leader Lease)
+/// has lapsed or is lost.
 #[derive(Debug, Clone, thiserror::Error)]
 #[error(
-    "not sent: {method} {path} needs the leader Lease, and this process's claim on it has lapsed"
+    "not sent: {method} {path} needs the leader Lease, and this process's leadership has lapsed"
 )]
 pub struct NotLeader {
     pub method: http::Method,
@@ -88,10 +88,10 @@ fn caused_by<E: std::error::Error + 'static>(err: &kube::Error) -> bool {
     false
 }
 
-/// Holds back writes while the claim is not current.
+/// Holds back writes while the leadership is not current.
 #[derive(Debug, Clone)]
 pub struct WriteGateLayer {
-    pub claim: tokio::sync::watch::Receiver<Claim>,
+    pub leadership: tokio::sync::watch::Receiver<Leadership>,
 }
 
 impl<S> Layer<S> for WriteGateLayer {
@@ -100,7 +100,7 @@ impl<S> Layer<S> for WriteGateLayer {
     fn layer(&self, inner: S) -> Self::Service {
         WriteGate {
             inner,
-            claim: self.claim.clone(),
+            leadership: self.leadership.clone(),
         }
     }
 }
@@ -108,7 +108,7 @@ impl<S> Layer<S> for WriteGateLayer {
 #[derive(Debug, Clone)]
 pub struct WriteGate<S> {
     inner: S,
-    claim: tokio::sync::watch::Receiver<Claim>,
+    leadership: tokio::sync::watch::Receiver<Leadership>,
 }
 
 impl<S> Service<Request<Body>> for WriteGate<S>
@@ -127,7 +127,7 @@ where
 
     fn call(&mut self, request: Request<Body>) -> Self::Future {
         let reads = [http::Method::GET, http::Method::HEAD, http::Method::OPTIONS];
-        if !reads.contains(request.method()) && !self.claim.borrow().is_current() {
+        if !reads.contains(request.method()) && !self.leadership.borrow().is_current() {
             let refused = NotLeader {
                 method: request.method().clone(),
                 path: request.uri().path().to_owned(),
@@ -387,9 +387,10 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_write_is_held_back_while_the_claim_is_not_current_and_a_read_never_is() {
-        let (claim, rx) = tokio::sync::watch::channel(Claim::Until(std::time::Instant::now()));
-        let service = WriteGateLayer { claim: rx }.layer(Upstream {
+    async fn a_write_is_held_back_while_the_leadership_is_not_current_and_a_read_never_is() {
+        let (leadership, rx) =
+            tokio::sync::watch::channel(Leadership::Until(std::time::Instant::now()));
+        let service = WriteGateLayer { leadership: rx }.layer(Upstream {
             delay: Some(Duration::ZERO),
         });
         let client = kube::Client::new(service, "default");
@@ -407,14 +408,14 @@ mod tests {
             client.send(request(http::Method::GET)).await.is_ok(),
             "a read is always sent"
         );
-        claim
-            .send(Claim::Until(
+        leadership
+            .send(Leadership::Until(
                 std::time::Instant::now() + Duration::from_secs(60),
             ))
             .unwrap();
         assert!(client.send(request(http::Method::PATCH)).await.is_ok());
         assert!(client.send(request(http::Method::DELETE)).await.is_ok());
-        claim.send(Claim::Lost).unwrap();
+        leadership.send(Leadership::Lost).unwrap();
         let err = client
             .send(request(http::Method::DELETE))
             .await

@@ -51,7 +51,7 @@ pub enum Decision {
     RequestReconcile,
     /// Nothing can uninstall the release any more: drop the fence, and say
     /// what is left behind.
-    LetGo { event: EventSpec },
+    ReleaseWithoutUninstall { event: EventSpec },
 }
 
 /// What follows the history write of [`Decision::HandOver`].
@@ -352,7 +352,7 @@ fn hand_over(
 /// Drops the fence though the release was not uninstalled, saying why and
 /// what is left.
 fn let_go(release: &ReleaseView, why: &str, left: &str) -> Decision {
-    Decision::LetGo {
+    Decision::ReleaseWithoutUninstall {
         event: notices::released_without_uninstall(release, why, left),
     }
 }
@@ -555,9 +555,9 @@ pub fn after_recovery(last_seen: Option<&ReleaseView>) -> AfterRecovery {
     }
 }
 
-/// What a guarded JSON patch must write to let go of our hold on a release.
+/// What a guarded JSON patch must write to give up our hold on a release.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct LetGo {
+pub struct GuardedPatch {
     /// Remove `spec.suspend`.
     pub lift_suspension: bool,
     /// Remove the fence at these indices of `metadata.finalizers`.
@@ -566,7 +566,7 @@ pub struct LetGo {
     pub remove_label: bool,
 }
 
-impl LetGo {
+impl GuardedPatch {
     /// Nothing for a patch to write.
     pub fn is_empty(&self) -> bool {
         !self.lift_suspension && self.fence_indices.is_empty()
@@ -578,9 +578,9 @@ impl LetGo {
 /// hand edit, a re-applied manifest), and `metadata.finalizers` is a set, so
 /// giving up our claim cannot remove them. The fence is flux-plunger's
 /// wherever it is: remove every copy by the guarded patch.
-pub fn fence_left_after_give_up(written: &ReleaseView) -> LetGo {
+pub fn fence_left_after_give_up(written: &ReleaseView) -> GuardedPatch {
     let fence_indices = written.fence_indices();
-    LetGo {
+    GuardedPatch {
         lift_suspension: false,
         remove_label: written.fence_labelled() && !fence_indices.is_empty(),
         fence_indices,
@@ -594,13 +594,13 @@ pub fn fence_left_after_give_up(written: &ReleaseView) -> LetGo {
 /// lifts the suspension where flux-plunger alone holds it (a co-owner's
 /// suspension is never removed) and, unless the fence is kept, removes every
 /// copy of it; when the fence is kept, every copy stays.
-pub fn let_go_without_apply(release: &ReleaseView, keep_fence: bool) -> LetGo {
+pub fn let_go_without_apply(release: &ReleaseView, keep_fence: bool) -> GuardedPatch {
     let fence_indices = if keep_fence {
         Vec::new()
     } else {
         release.fence_indices()
     };
-    LetGo {
+    GuardedPatch {
         lift_suspension: release.suspend && release.suspend_owned_by_us_alone(),
         remove_label: release.fence_labelled() && !fence_indices.is_empty(),
         fence_indices,

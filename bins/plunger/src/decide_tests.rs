@@ -725,7 +725,7 @@ fn a_history_helm_controller_cleared_again_is_let_go_with_a_warning_naming_what_
         Some("flux-plunger-uninstall-1"),
     );
     let decision = decide_with_storage(&r, &stuck_storage(), &clock());
-    let Decision::LetGo { event } = decision else {
+    let Decision::ReleaseWithoutUninstall { event } = decision else {
         panic!("{decision:?}")
     };
     assert_eq!(
@@ -798,7 +798,7 @@ fn a_release_nothing_can_uninstall_is_let_go_with_the_reason() {
     ];
     for (storage, why) in cases {
         let decision = decide_with_storage(&r, &storage, &held_for(10 * MINUTE, None));
-        let Decision::LetGo { event } = &decision else {
+        let Decision::ReleaseWithoutUninstall { event } = &decision else {
             panic!("{decision:?}")
         };
         assert!(event.warning && event.note.contains(why), "{}", event.note);
@@ -826,7 +826,7 @@ fn storage_that_cannot_be_read_holds_the_fence_until_the_warning_threshold() {
     }
     assert!(matches!(
         decide_with_storage(&r, &unreadable, &held_for(10 * MINUTE, None)),
-        Decision::LetGo { .. }
+        Decision::ReleaseWithoutUninstall { .. }
     ));
 }
 
@@ -1279,7 +1279,7 @@ fn a_fence_still_listed_after_our_give_up_is_removed_at_every_index() {
     ];
     assert_eq!(
         fence_left_after_give_up(&written),
-        LetGo {
+        GuardedPatch {
             lift_suspension: false,
             fence_indices: vec![0, 2],
             remove_label: false,
@@ -1299,7 +1299,7 @@ fn letting_go_without_an_apply_lifts_only_a_suspension_we_alone_hold() {
     twice.finalizers.push(FENCE_FINALIZER.into());
     assert_eq!(
         let_go_without_apply(&twice, true),
-        LetGo {
+        GuardedPatch {
             lift_suspension: true,
             fence_indices: vec![],
             remove_label: false,
@@ -1310,7 +1310,7 @@ fn letting_go_without_an_apply_lifts_only_a_suspension_we_alone_hold() {
     assert_eq!(both.len(), 2);
     assert_eq!(
         let_go_without_apply(&twice, false),
-        LetGo {
+        GuardedPatch {
             lift_suspension: true,
             fence_indices: both.clone(),
             remove_label: true,

@@ -11,7 +11,7 @@
 //!
 //! The drain works until its deadline, whatever the apiserver does: a failed
 //! listing is retried (a read is always safe), a write waits while the
-//! Lease's claim has lapsed, and nothing it waits on outlives the deadline.
+//! leadership has lapsed, and nothing it waits on outlives the deadline.
 //! However it ends, its report says what it left.
 
 use std::collections::BTreeMap;
@@ -21,7 +21,7 @@ use futures::{StreamExt, stream};
 use kube::Client;
 use tokio::sync::watch;
 
-use crate::lease::Claim;
+use crate::lease::Leadership;
 use crate::reconcile::{Outcome, Reconciler};
 use crate::release::api::list_fenced;
 use crate::release::view::ReleaseView;
@@ -102,14 +102,14 @@ impl DrainReport {
 }
 
 /// Drains the fences in `scope` until every one is gone, the Lease is lost,
-/// or `until` passes; writes only while `claim` is current (the client's gate
-/// enforces it, and the drain waits for a lapsed claim instead of failing
+/// or `until` passes; writes only while `leadership` is current (the client's gate
+/// enforces it, and the drain waits for a lapsed leadership instead of failing
 /// every write).
 pub async fn drain(
     client: &Client,
     reconciler: &Reconciler,
     scope: &Scope,
-    mut claim: watch::Receiver<Claim>,
+    mut leadership: watch::Receiver<Leadership>,
     until: Instant,
     concurrency: usize,
 ) -> DrainReport {
@@ -123,10 +123,10 @@ pub async fn drain(
     };
     let mut left: BTreeMap<String, Left> = BTreeMap::new();
     report.ending = loop {
-        match wait_for_claim(&mut claim, until).await {
-            ClaimState::Current => {}
-            ClaimState::Lost => break Ending::LeaseLost,
-            ClaimState::Lapsed => break Ending::Deadline,
+        match wait_for_leadership(&mut leadership, until).await {
+            LeadershipState::Current => {}
+            LeadershipState::Lost => break Ending::LeaseLost,
+            LeadershipState::Lapsed => break Ending::Deadline,
         }
         let fenced = match tokio::time::timeout_at(
             until.into(),
@@ -238,33 +238,36 @@ async fn pause(until: Instant) -> bool {
     true
 }
 
-enum ClaimState {
+enum LeadershipState {
     Current,
     Lost,
     /// Not current, and not renewed before the deadline.
     Lapsed,
 }
 
-/// Waits until the claim is current (a renewal succeeded), lost, or `until`.
-async fn wait_for_claim(claim: &mut watch::Receiver<Claim>, until: Instant) -> ClaimState {
+/// Waits until the leadership is current (a renewal succeeded), lost, or `until`.
+async fn wait_for_leadership(
+    leadership: &mut watch::Receiver<Leadership>,
+    until: Instant,
+) -> LeadershipState {
     let mut said = false;
     loop {
-        let now = *claim.borrow_and_update();
+        let now = *leadership.borrow_and_update();
         match now {
-            Claim::Lost => return ClaimState::Lost,
-            now if now.is_current() => return ClaimState::Current,
-            Claim::Until(_) if !said => {
+            Leadership::Lost => return LeadershipState::Lost,
+            now if now.is_current() => return LeadershipState::Current,
+            Leadership::Until(_) if !said => {
                 tracing::warn!(
                     "the Lease was not renewed in time: writing paused until a renewal succeeds"
                 );
                 said = true;
             }
-            Claim::Until(_) => {}
+            Leadership::Until(_) => {}
         }
-        match tokio::time::timeout_at(until.into(), claim.changed()).await {
+        match tokio::time::timeout_at(until.into(), leadership.changed()).await {
             Ok(Ok(())) => {}
-            Ok(Err(_)) => return ClaimState::Lost,
-            Err(_) => return ClaimState::Lapsed,
+            Ok(Err(_)) => return LeadershipState::Lost,
+            Err(_) => return LeadershipState::Lapsed,
         }
     }
 }
@@ -327,31 +330,31 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_lapsed_claim_is_waited_for_until_renewed_or_lost_or_the_deadline() {
-        let (tx, mut rx) = watch::channel(Claim::Until(Instant::now()));
+    async fn a_lapsed_leadership_is_waited_for_until_renewed_or_lost_or_the_deadline() {
+        let (tx, mut rx) = watch::channel(Leadership::Until(Instant::now()));
         let until = Instant::now() + Duration::from_secs(5);
         let renew = tokio::spawn(async move {
             tokio::time::sleep(Duration::from_millis(100)).await;
-            tx.send(Claim::Until(Instant::now() + Duration::from_secs(10)))
+            tx.send(Leadership::Until(Instant::now() + Duration::from_secs(10)))
                 .unwrap();
             tx
         });
         assert!(matches!(
-            wait_for_claim(&mut rx, until).await,
-            ClaimState::Current
+            wait_for_leadership(&mut rx, until).await,
+            LeadershipState::Current
         ));
         let tx = renew.await.unwrap();
-        tx.send(Claim::Lost).unwrap();
+        tx.send(Leadership::Lost).unwrap();
         assert!(matches!(
-            wait_for_claim(&mut rx, until).await,
-            ClaimState::Lost
+            wait_for_leadership(&mut rx, until).await,
+            LeadershipState::Lost
         ));
-        tx.send(Claim::Until(Instant::now())).unwrap();
+        tx.send(Leadership::Until(Instant::now())).unwrap();
         let started = Instant::now();
         let soon = started + Duration::from_millis(200);
         assert!(matches!(
-            wait_for_claim(&mut rx, soon).await,
-            ClaimState::Lapsed
+            wait_for_leadership(&mut rx, soon).await,
+            LeadershipState::Lapsed
         ));
         assert!(started.elapsed() < Duration::from_secs(2));
     }

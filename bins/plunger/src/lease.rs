@@ -41,11 +41,11 @@ pub enum Renewal {
     NotOurs(Option<String>),
 }
 
-/// Leadership as a writer sees it right before each write (a claim, never a
-/// flag polled in a loop): valid until a moment on this process's clock, or
+/// Leadership as a writer sees it right before each write (a value watched,
+/// never a flag polled in a loop): valid until a moment on this process's clock, or
 /// lost for good.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Claim {
+pub enum Leadership {
     /// Ours until this instant: the last successful renewal was *sent* a
     /// renew deadline before it, and no candidate can take the Lease until a
     /// whole Lease duration after it has seen that renewal.
@@ -54,10 +54,10 @@ pub enum Claim {
     Lost,
 }
 
-impl Claim {
+impl Leadership {
     /// A write may be sent now.
     pub fn is_current(&self) -> bool {
-        matches!(self, Claim::Until(until) if Instant::now() < *until)
+        matches!(self, Leadership::Until(until) if Instant::now() < *until)
     }
 }
 
@@ -330,36 +330,45 @@ impl Keeping {
 }
 
 /// A Lease this process holds, renewed by a task of its own. Writers look
-/// at its [`Claim`] right before each write; [`Held::lost`] resolves once it
+/// at its [`Leadership`] right before each write; [`Leading::lost`] resolves once it
 /// is lost for good (taken over, handed over by someone else, or possibly
 /// expired).
-pub struct Held {
-    claim: watch::Receiver<Claim>,
+pub struct Leading {
+    leadership: watch::Receiver<Leadership>,
     stop: CancellationToken,
     task: JoinHandle<LeaseLock>,
 }
 
 /// Keeps `lock` (whose Lease a renewal *sent* at `renewed_at` took or
-/// renewed) the way `keeping` says, until [`Held::stop`].
-pub fn hold(lock: LeaseLock, renewed_at: Instant, keeping: Keeping) -> Held {
-    let (claim_tx, claim) = watch::channel(Claim::Until(renewed_at + keeping.claim_for));
+/// renewed) the way `keeping` says, until [`Leading::stop`].
+pub fn lead(lock: LeaseLock, renewed_at: Instant, keeping: Keeping) -> Leading {
+    let (leadership_tx, leadership) =
+        watch::channel(Leadership::Until(renewed_at + keeping.claim_for));
     let stop = CancellationToken::new();
-    let task = tokio::spawn(keep(lock, keeping, renewed_at, claim_tx, stop.clone()));
-    Held { claim, stop, task }
+    let task = tokio::spawn(keep(lock, keeping, renewed_at, leadership_tx, stop.clone()));
+    Leading {
+        leadership,
+        stop,
+        task,
+    }
 }
 
-impl Held {
-    /// The claim, for a client that holds writes back while it is not current.
-    pub fn claim(&self) -> watch::Receiver<Claim> {
-        self.claim.clone()
+impl Leading {
+    /// The leadership, for a client that holds writes back while it is not current.
+    pub fn leadership(&self) -> watch::Receiver<Leadership> {
+        self.leadership.clone()
     }
 
     /// Resolves once the Lease is lost for good; never, if it is stopped
     /// first.
     pub fn lost(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
-        let mut claim = self.claim.clone();
+        let mut leadership = self.leadership.clone();
         async move {
-            if claim.wait_for(|c| *c == Claim::Lost).await.is_err() {
+            if leadership
+                .wait_for(|c| *c == Leadership::Lost)
+                .await
+                .is_err()
+            {
                 std::future::pending::<()>().await;
             }
         }
@@ -378,7 +387,7 @@ async fn keep(
     mut lock: LeaseLock,
     keeping: Keeping,
     mut last_renewal: Instant,
-    claim: watch::Sender<Claim>,
+    leadership: watch::Sender<Leadership>,
     stop: CancellationToken,
 ) -> LeaseLock {
     let mut next_in = keeping.renew_every;
@@ -395,13 +404,13 @@ async fn keep(
         match renewal {
             Ok(Ok(Renewal::Renewed)) => {
                 last_renewal = sent;
-                let _ = claim.send(Claim::Until(sent + keeping.claim_for));
+                let _ = leadership.send(Leadership::Until(sent + keeping.claim_for));
                 next_in = keeping.renew_every;
                 continue;
             }
             Ok(Ok(Renewal::NotOurs(holder))) => {
                 tracing::error!(holder = ?holder, "the Lease is no longer ours: stopped writing");
-                let _ = claim.send(Claim::Lost);
+                let _ = leadership.send(Leadership::Lost);
                 return lock;
             }
             Ok(Err(err)) => tracing::warn!(error = %err, "could not renew the Lease"),
@@ -412,7 +421,7 @@ async fn keep(
                 lost_after = ?keeping.lost_after,
                 "no renewal of the Lease succeeded in time, and it may have passed to another pod: stopped writing"
             );
-            let _ = claim.send(Claim::Lost);
+            let _ = leadership.send(Leadership::Lost);
             return lock;
         }
         next_in = keeping.retry_every;

@@ -187,12 +187,12 @@ async fn a_renewal_keeps_only_a_lease_that_is_still_ours_and_never_takes_one() -
     Ok(())
 }
 
-/// The holder's task renews the Lease on its cadence and keeps the claim
-/// current; once another pod holds the Lease it says so once (the claim is
+/// The holder's task renews the Lease on its cadence and keeps the leadership
+/// current; once another pod holds the Lease it says so once (the leadership is
 /// lost, for good), renews no more, and gives the lock back.
 #[tokio::test]
-async fn a_held_lease_keeps_its_claim_current_until_another_pod_takes_it() -> Result<()> {
-    use plunger::lease::{Claim, Keeping, hold};
+async fn a_lease_being_led_keeps_its_leadership_current_until_another_pod_takes_it() -> Result<()> {
+    use plunger::lease::{Keeping, Leadership, lead};
     let ns = namespace("lease-held").await?;
     let mut lock = candidate(&ns, "pod-a");
     let sent = std::time::Instant::now();
@@ -204,12 +204,12 @@ async fn a_held_lease_keeps_its_claim_current_until_another_pod_takes_it() -> Re
         claim_for: Duration::from_secs(1),
         lost_after: DURATION,
     };
-    let held = hold(lock, sent, keeping);
-    let mut claim = held.claim();
+    let leading = lead(lock, sent, keeping);
+    let mut leadership = leading.leadership();
     let first = record(&ns).await?.renew_time;
-    // Renewed while held: the record changes and the claim moves on.
-    claim.changed().await?;
-    assert!(claim.borrow().is_current());
+    // Renewed while held: the record changes and the leadership moves on.
+    leadership.changed().await?;
+    assert!(leadership.borrow().is_current());
     assert_ne!(record(&ns).await?.renew_time, first);
 
     // pod-b takes the Lease over (once pod-a's record would look expired to
@@ -218,9 +218,9 @@ async fn a_held_lease_keeps_its_claim_current_until_another_pod_takes_it() -> Re
     let mut taken = leases.get(NAME).await?;
     taken.spec.as_mut().unwrap().holder_identity = Some("pod-b".to_owned());
     leases.replace(NAME, &Default::default(), &taken).await?;
-    tokio::time::timeout(Duration::from_secs(10), held.lost()).await?;
-    assert_eq!(*held.claim().borrow(), Claim::Lost);
-    let lock = held.stop().await.expect("the lock back");
+    tokio::time::timeout(Duration::from_secs(10), leading.lost()).await?;
+    assert_eq!(*leading.leadership().borrow(), Leadership::Lost);
+    let lock = leading.stop().await.expect("the lock back");
     assert_eq!(lock.holder().await?.as_deref(), Some("pod-b"));
     assert!(!lock.release().await?, "not ours to hand over");
     Ok(())

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use backon::{Backoff, BackoffBuilder, ExponentialBuilder};
 
-use crate::decide::{LetGo, let_go_without_apply};
+use crate::decide::{GuardedPatch, let_go_without_apply};
 use crate::release::view::ReleaseView;
 
 /// What releasing one HelmRelease takes.
@@ -29,7 +29,7 @@ impl ReleasePlan {
     /// apply cannot: every copy of the fence, and a suspension only where
     /// flux-plunger alone holds it.
     pub fn of(release: &ReleaseView) -> Self {
-        let LetGo {
+        let GuardedPatch {
             lift_suspension,
             fence_indices,
             remove_label,
