@@ -12,7 +12,7 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
 use kube::api::{Patch, PatchParams, PostParams};
 use plunger::names::FIELD_MANAGER;
-use plunger::names::reasons;
+use plunger::notices::reasons;
 use plunger::release::view::ReleaseView;
 use serde_json::json;
 use testkit::audit;

@@ -16,8 +16,8 @@ use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams
 use plunger::apply::request_reconcile;
 use plunger::names::{
     FENCE_FINALIZER, FIELD_MANAGER, HELM_CONTROLLER_FINALIZER, PROCESSED_VERSION_ANNOTATION,
-    reasons,
 };
+use plunger::notices::reasons;
 use plunger::release::api::helmreleases;
 use plunger::release::view::ReleaseView;
 use serde_json::json;

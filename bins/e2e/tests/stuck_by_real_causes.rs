@@ -657,7 +657,7 @@ async fn a_helm_controller_killed_in_the_middle_of_an_uninstall_remediation() ->
 
 /// `(type, reason)` of the events flux-plunger recorded on the release.
 async fn flux_plunger_events(ns: &TestNamespace) -> Result<Vec<(String, String)>> {
-    use plunger::names::reasons;
+    use plunger::notices::reasons;
     let ours = [
         reasons::SUSPENSION_NOT_OWNED,
         reasons::RECOVERY_DEFERRED,
@@ -967,7 +967,7 @@ async fn b_deleted_while_flux_plunger_holds_it_is_let_go_without_a_hand_over() -
 }
 
 async fn b_deleted(name: &'static str, first: First) -> Result<()> {
-    use plunger::names::reasons;
+    use plunger::notices::reasons;
     let case = Case::start(name).await?;
     stuck_after_a_remediation_that_kept_history(&case).await?;
 
@@ -1024,7 +1024,7 @@ async fn c_deleted_while_flux_plunger_holds_it_is_uninstalled() -> Result<()> {
 }
 
 async fn c_deleted(name: &'static str, first: First) -> Result<()> {
-    use plunger::names::reasons;
+    use plunger::notices::reasons;
     let mut case = Case::start(name).await?;
     case.create_failing_release(json!({
         "values": { "holdDelete": true },

@@ -7,7 +7,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
-use plunger::reconcile::Outcome;
+use plunger::reconcile::{Counted, Outcome};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResultLabel {
@@ -129,33 +129,16 @@ impl Default for Metrics {
 impl Metrics {
     /// Counts a reconcile's outcome.
     pub fn observe(&self, outcome: &Outcome) {
-        if let Outcome::FenceHeld { warned: true, .. } = outcome {
-            self.uninstall_fence_held_warnings.inc();
-            return;
-        }
-        let handover = match outcome {
-            Outcome::HandedOver { .. } => Some("handed_over"),
-            Outcome::ReconcileRequested => Some("reconcile_requested"),
-            Outcome::ReleasedWithoutUninstall => Some("released_without_uninstall"),
-            _ => None,
+        let (counter, result) = match outcome.counted() {
+            None => return,
+            Some(Counted::FenceHeldWarning) => {
+                self.uninstall_fence_held_warnings.inc();
+                return;
+            }
+            Some(Counted::UninstallHandover(result)) => (&self.uninstall_handovers, result),
+            Some(Counted::Recovery(result)) => (&self.recoveries, result),
         };
-        if let Some(result) = handover {
-            self.uninstall_handovers
-                .get_or_create(&ResultLabel {
-                    result: result.to_owned(),
-                })
-                .inc();
-            return;
-        }
-        let result = match outcome {
-            Outcome::Recovered { .. } | Outcome::RecoveredThenDeleted { .. } => "recovered",
-            Outcome::Deferred => "deferred",
-            Outcome::Skipped(_) => "skipped",
-            Outcome::DryRun { .. } => "dry_run",
-            Outcome::RateLimited { .. } => "rate_limited",
-            _ => return,
-        };
-        self.recoveries
+        counter
             .get_or_create(&ResultLabel {
                 result: result.to_owned(),
             })

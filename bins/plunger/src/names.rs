@@ -123,28 +123,6 @@ pub const STUCK_MESSAGES: &[&str] = &[
 pub const RELEASED_CONDITION: &str = "Released";
 pub const UNINSTALL_SUCCEEDED_REASON: &str = "UninstallSucceeded";
 
-/// Event reasons (SPEC §1).
-pub mod reasons {
-    pub const SUSPENSION_NOT_OWNED: &str = "SuspensionNotOwned";
-    pub const RECOVERY_DEFERRED: &str = "RecoveryDeferred";
-    pub const UNSUSPEND_FAILED: &str = "UnsuspendFailed";
-    pub const TERMINATING_WHILE_SUSPENDED: &str = "TerminatingWhileSuspended";
-    pub const UNINSTALL_FENCE_HELD: &str = "UninstallFenceHeld";
-    pub const RECOVERED: &str = "Recovered";
-    pub const RECOVERY_DRY_RUN: &str = "RecoveryDryRun";
-    pub const REMOTE_CLUSTER_UNUSABLE: &str = "RemoteClusterUnusable";
-    /// A stuck release whose storage its own ServiceAccount could not reach
-    /// (Warning): left alone.
-    pub const STORAGE_OUT_OF_REACH: &str = "StorageOutOfReach";
-    /// A revision was written to helm-controller's history so that its
-    /// uninstall runs (Normal).
-    pub const UNINSTALL_HANDED_OVER: &str = "UninstallHandedOver";
-    /// The fence was let go though nothing could uninstall the release (Warning).
-    pub const RELEASED_WITHOUT_UNINSTALL: &str = "ReleasedWithoutUninstall";
-    /// A copy of the fence could not be removed (Warning).
-    pub const FENCE_REMOVAL_FAILED: &str = "FenceRemovalFailed";
-}
-
 /// The name Helm gives the storage Secret of `release` at `revision`.
 pub fn storage_secret_name(release: &str, revision: u64) -> String {
     format!("sh.helm.release.v1.{release}.v{revision}")

@@ -5,9 +5,30 @@
 use std::time::Duration;
 
 use crate::history::HistorySnapshot;
-use crate::names::reasons;
 use crate::release::view::ReleaseView;
 use crate::storage::view::StorageRevision;
+
+/// Event reasons (SPEC §1), each used by the event below that words it.
+pub mod reasons {
+    pub const SUSPENSION_NOT_OWNED: &str = "SuspensionNotOwned";
+    pub const RECOVERY_DEFERRED: &str = "RecoveryDeferred";
+    pub const UNSUSPEND_FAILED: &str = "UnsuspendFailed";
+    pub const TERMINATING_WHILE_SUSPENDED: &str = "TerminatingWhileSuspended";
+    pub const UNINSTALL_FENCE_HELD: &str = "UninstallFenceHeld";
+    pub const RECOVERED: &str = "Recovered";
+    pub const RECOVERY_DRY_RUN: &str = "RecoveryDryRun";
+    pub const REMOTE_CLUSTER_UNUSABLE: &str = "RemoteClusterUnusable";
+    /// A stuck release whose storage its own ServiceAccount could not reach
+    /// (Warning): left alone.
+    pub const STORAGE_OUT_OF_REACH: &str = "StorageOutOfReach";
+    /// A revision was written to helm-controller's history so that its
+    /// uninstall runs (Normal).
+    pub const UNINSTALL_HANDED_OVER: &str = "UninstallHandedOver";
+    /// The fence was let go though nothing could uninstall the release (Warning).
+    pub const RELEASED_WITHOUT_UNINSTALL: &str = "ReleasedWithoutUninstall";
+    /// A copy of the fence could not be removed (Warning).
+    pub const FENCE_REMOVAL_FAILED: &str = "FenceRemovalFailed";
+}
 
 /// An event to record on the release.
 #[derive(Debug, Clone, PartialEq, Eq)]

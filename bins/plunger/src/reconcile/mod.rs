@@ -90,6 +90,44 @@ impl Outcome {
     }
 }
 
+/// The counter an outcome is counted in, with its `result` label (the
+/// controller's metrics: `flux_plunger_recoveries_total`,
+/// `flux_plunger_uninstall_handovers_total`,
+/// `flux_plunger_uninstall_fence_held_warnings_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Counted {
+    Recovery(&'static str),
+    UninstallHandover(&'static str),
+    FenceHeldWarning,
+}
+
+impl Outcome {
+    /// Where this outcome is counted; `None`: in no counter.
+    pub fn counted(&self) -> Option<Counted> {
+        Some(match self {
+            Outcome::FenceHeld { warned: true, .. } => Counted::FenceHeldWarning,
+            Outcome::HandedOver { .. } => Counted::UninstallHandover("handed_over"),
+            Outcome::ReconcileRequested => Counted::UninstallHandover("reconcile_requested"),
+            Outcome::ReleasedWithoutUninstall => {
+                Counted::UninstallHandover("released_without_uninstall")
+            }
+            Outcome::Recovered { .. } | Outcome::RecoveredThenDeleted { .. } => {
+                Counted::Recovery("recovered")
+            }
+            Outcome::Deferred => Counted::Recovery("deferred"),
+            Outcome::Skipped(_) => Counted::Recovery("skipped"),
+            Outcome::DryRun { .. } => Counted::Recovery("dry_run"),
+            Outcome::RateLimited { .. } => Counted::Recovery("rate_limited"),
+            Outcome::Gone
+            | Outcome::NothingToDo
+            | Outcome::LeftAlone
+            | Outcome::Lifted { .. }
+            | Outcome::FenceDropped
+            | Outcome::FenceHeld { warned: false, .. } => return None,
+        })
+    }
+}
+
 /// What one pass did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Pass {
