@@ -8,10 +8,9 @@ use std::time::Instant;
 use anyhow::{Context as _, bail};
 use kube::api::DynamicObject;
 use kube::runtime::reflector::Store;
-use plunger::lease::{self, Attempt, Keeping, LeaseLock};
+use plunger::lease::{self, Keeping, LeaseLock};
 use plunger::ratelimit::RateLimiter;
 use plunger::reconcile::{Controls, Reconciler};
-use plunger::timings::Timings;
 use tokio::sync::watch;
 
 use crate::cli::Args;
@@ -90,7 +89,12 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         );
         // A candidate works as it should while it waits: ready.
         readiness.set_ready();
-        let Some(renewed_at) = acquire(&mut lock, &timings, &mut stop_rx).await? else {
+        let stopped = async {
+            let _ = stop_rx.wait_for(|s| *s != Stop::Running).await;
+        };
+        let Some(renewed_at) =
+            lease::wait_to_lead(&mut lock, timings.lease_retry_period, stopped).await
+        else {
             tracing::info!("stopped before becoming the leader");
             return Ok(ExitCode::SUCCESS);
         };
@@ -252,38 +256,6 @@ async fn stop_on_signal(stop: watch::Sender<Stop>) {
         _ = int.recv() => tracing::info!("SIGINT: stopping"),
     }
     let _ = stop.send(Stop::Signal);
-}
-
-/// Waits for the Lease; when the successful try was sent, or `None` if told
-/// to stop first.
-async fn acquire(
-    lock: &mut LeaseLock,
-    timings: &Timings,
-    stop: &mut watch::Receiver<Stop>,
-) -> anyhow::Result<Option<Instant>> {
-    let mut last_holder = None;
-    loop {
-        let sent = Instant::now();
-        match lock.try_acquire_or_renew().await {
-            Ok(Attempt::Held) => {
-                tracing::info!(identity = lock.identity(), "became the leader");
-                return Ok(Some(sent));
-            }
-            Ok(Attempt::HeldBy(holder)) => {
-                if last_holder.as_ref() != Some(&holder) {
-                    tracing::info!(holder = %holder, "waiting for the leader Lease");
-                    last_holder = Some(holder);
-                }
-            }
-            Err(err) => {
-                tracing::warn!(error = %err, "could not read or take the leader Lease; retrying")
-            }
-        }
-        tokio::select! {
-            _ = tokio::time::sleep(timings.lease_retry_period) => {}
-            _ = stop.wait_for(|s| *s != Stop::Running) => return Ok(None),
-        }
-    }
 }
 
 /// Refuses flag combinations clap cannot see.

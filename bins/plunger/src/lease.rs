@@ -329,6 +329,41 @@ impl Keeping {
     }
 }
 
+/// Waits until this process leads: tries to take the Lease every
+/// `retry_period`, saying once per holder who leads meanwhile. Returns when
+/// the successful try was *sent* (what [`lead`] counts the leadership
+/// from), or `None` once `stopped` resolves first.
+pub async fn wait_to_lead(
+    lock: &mut LeaseLock,
+    retry_period: Duration,
+    stopped: impl Future<Output = ()>,
+) -> Option<Instant> {
+    let mut stopped = std::pin::pin!(stopped);
+    let mut last_holder = None;
+    loop {
+        let sent = Instant::now();
+        match lock.try_acquire_or_renew().await {
+            Ok(Attempt::Held) => {
+                tracing::info!(identity = lock.identity(), "became the leader");
+                return Some(sent);
+            }
+            Ok(Attempt::HeldBy(holder)) => {
+                if last_holder.as_ref() != Some(&holder) {
+                    tracing::info!(holder = %holder, "waiting for the leader Lease");
+                    last_holder = Some(holder);
+                }
+            }
+            Err(err) => {
+                tracing::warn!(error = %err, "could not read or take the leader Lease; retrying")
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(retry_period) => {}
+            _ = &mut stopped => return None,
+        }
+    }
+}
+
 /// A Lease this process holds, renewed by a task of its own. Writers look
 /// at its [`Leadership`] right before each write; [`Leading::lost`] resolves once it
 /// is lost for good (taken over, handed over by someone else, or possibly
