@@ -66,20 +66,20 @@ impl Reconciler {
         then: AfterHandOver,
         event: EventSpec,
     ) -> Result<(Outcome, ReleaseView), Error> {
-        self.pause_at_step(Step::BeforeHistoryWrite).await;
-        let object = apply::write_history(
+        let write = apply::write_history(
             &self.client,
             release,
             &snapshot,
             storage_namespace.as_deref(),
-        )
-        .await
-        .map_err(|source| Error::HandOver {
-            key: release.key(),
-            source,
-        })?;
+        );
+        let object = self
+            .write_between((Step::BeforeHistoryWrite, Step::AfterHistoryWrite), write)
+            .await
+            .map_err(|source| Error::HandOver {
+                key: release.key(),
+                source,
+            })?;
         let handed = self.view(&object);
-        self.pause_at_step(Step::AfterHistoryWrite).await;
         tracing::info!(release = %release.key(), revision = snapshot.version, helm_release = %snapshot.full_name(), "handed the newest live revision to helm-controller's uninstall");
         self.events.record(release, &event).await;
         let written = match then {
@@ -105,15 +105,18 @@ impl Reconciler {
             crate::names::RECONCILE_REQUEST_PREFIX,
             k8s_openapi::jiff::Timestamp::now()
         );
-        self.pause_at_step(Step::BeforeReconcileRequest).await;
-        let object = apply::request_reconcile(&self.client, release, &requested_at)
+        let write = apply::request_reconcile(&self.client, release, &requested_at);
+        let object = self
+            .write_between(
+                (Step::BeforeReconcileRequest, Step::AfterReconcileRequest),
+                write,
+            )
             .await
             .map_err(|source| Error::RequestReconcile {
                 key: release.key(),
                 source,
             })?;
         let written = self.view(&object);
-        self.pause_at_step(Step::AfterReconcileRequest).await;
         tracing::info!(release = %release.key(), %requested_at, "asked helm-controller to reconcile the release being deleted");
         Ok(written)
     }

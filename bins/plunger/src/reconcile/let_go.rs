@@ -18,10 +18,12 @@ impl Reconciler {
         release: &ReleaseView,
         keep_fence: bool,
     ) -> Result<ReleaseView, Error> {
-        self.pause_at_step(Step::BeforeLift).await;
-        match self.let_go(release, keep_fence).await {
+        let write = self.let_go(release, keep_fence);
+        match self
+            .write_between((Step::BeforeLift, Step::AfterLift), write)
+            .await
+        {
             Ok(written) => {
-                self.pause_at_step(Step::AfterLift).await;
                 tracing::info!(release = %release.key(), kept_fence = keep_fence, "lifted flux-plunger's suspension");
                 Ok(written)
             }
@@ -50,22 +52,23 @@ impl Reconciler {
     /// manager also lists (see [`Self::let_go`]). Returns the release as the
     /// last write left it.
     pub(super) async fn drop_fence(&self, release: &ReleaseView) -> Result<ReleaseView, Error> {
-        self.pause_at_step(Step::BeforeDropFence).await;
-        let written = match self.let_go(release, false).await {
-            Ok(written) => written,
+        let write = self.let_go(release, false);
+        match self
+            .write_between((Step::BeforeDropFence, Step::AfterDropFence), write)
+            .await
+        {
+            Ok(written) => Ok(written),
             Err(failed) => {
                 let source = failed.into_source();
                 if !is_retried_quietly(&source) {
                     self.warn_fence_left(release, &source).await;
                 }
-                return Err(Error::Lift {
+                Err(Error::Lift {
                     key: release.key(),
                     source,
-                });
+                })
             }
-        };
-        self.pause_at_step(Step::AfterDropFence).await;
-        Ok(written)
+        }
     }
 
     /// Gives up our suspension and, unless `keep_fence`, the fence, by one
@@ -120,17 +123,17 @@ impl Reconciler {
         release: &ReleaseView,
         let_go: &decide::GuardedPatch,
     ) -> kube::Result<ReleaseView> {
-        self.pause_at_step(Step::BeforeGuardedPatch).await;
-        let object = apply::patch_guarded(
+        let write = apply::patch_guarded(
             &self.client,
             release,
             let_go.lift_suspension,
             &let_go.fence_indices,
             let_go.remove_label,
             PATCH_FIELD_MANAGER,
-        )
-        .await?;
-        self.pause_at_step(Step::AfterGuardedPatch).await;
+        );
+        let object = self
+            .write_between((Step::BeforeGuardedPatch, Step::AfterGuardedPatch), write)
+            .await?;
         Ok(self.view(&object))
     }
 

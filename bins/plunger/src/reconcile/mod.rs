@@ -429,6 +429,20 @@ impl Reconciler {
         }
     }
 
+    /// Sends one write between its two pause points, where the crash tests
+    /// stop a process (test builds only): `before` right before it is sent,
+    /// `after` once it succeeded.
+    async fn write_between<T, E>(
+        &self,
+        (before, after): (Step, Step),
+        write: impl Future<Output = Result<T, E>>,
+    ) -> Result<T, E> {
+        self.pause_at_step(before).await;
+        let written = write.await?;
+        self.pause_at_step(after).await;
+        Ok(written)
+    }
+
     #[cfg(feature = "test-hooks")]
     async fn pause_at_step(&self, step: Step) {
         if let Some(pause) = &self.hooks.pause {

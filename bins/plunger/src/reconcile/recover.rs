@@ -254,21 +254,20 @@ impl Reconciler {
         client: &Client,
         revision: &StorageRevision,
     ) -> Result<(), Error> {
-        self.pause_at_step(Step::BeforeDeleteStorage).await;
-        match delete_revision(client, revision).await {
-            Ok(()) => {}
-            // Already gone: whoever deleted it did what we meant to.
-            Err(err) if is_api_code(&err, 404) => {}
-            Err(source) => {
-                return Err(Error::DeleteStorage {
-                    namespace: revision.namespace.clone(),
-                    name: revision.name.clone(),
-                    source,
-                });
+        let write = async {
+            match delete_revision(client, revision).await {
+                // Already gone: whoever deleted it did what we meant to.
+                Err(err) if is_api_code(&err, 404) => Ok(()),
+                deleted => deleted,
             }
-        }
-        self.pause_at_step(Step::AfterDeleteStorage).await;
-        Ok(())
+        };
+        self.write_between((Step::BeforeDeleteStorage, Step::AfterDeleteStorage), write)
+            .await
+            .map_err(|source| Error::DeleteStorage {
+                namespace: revision.namespace.clone(),
+                name: revision.name.clone(),
+                source,
+            })
     }
 
     /// SPEC §4.13: gives up the suspension and the fence together. A 409
