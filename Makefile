@@ -44,7 +44,7 @@ NOTIFICATION_CONTROLLER := $(BIN)/notification-controller-$(NOTIFICATION_CONTROL
 # In the order make starts them, the longest builds first (the Kubernetes
 # binaries and source-controller, 12 to 13 minutes cold each): the short ones
 # then fill the slots beside them rather than delay them.
-TOOLS := $(addprefix $(BIN)/,$(K8S_COMMANDS)) $(SOURCE_CONTROLLER) $(NOTIFICATION_CONTROLLER) $(BIN)/cosign \
+TOOLS := $(addprefix $(BIN)/,$(K8S_COMMANDS)) $(SOURCE_CONTROLLER) $(NOTIFICATION_CONTROLLER) \
 	$(HELM_CONTROLLERS) $(BIN)/etcd $(BIN)/helm $(HELM_PLUGINS)/unittest/plugin.yaml $(BIN)/helm-docs \
 	$(BIN)/registry $(BIN)/promtool $(BIN)/flux $(CRDS)/.done $(CRDS)/.source-controller.done $(CRDS)/.notification-controller.done
 
@@ -56,7 +56,7 @@ TOOLS := $(addprefix $(BIN)/,$(K8S_COMMANDS)) $(SOURCE_CONTROLLER) $(NOTIFICATIO
 TOOLS_JOBS ?= 3
 
 .PHONY: tools
-tools: ## Build the pinned tools (etcd, kube-apiserver, kubectl, kubelet, kube-controller-manager, kube-scheduler, helm, helm-unittest, helm-docs, Flux's helm-, source- and notification-controller, the OCI registry, promtool, Flux's CLI, cosign) and fetch the CRDs into _out/, TOOLS_JOBS at a time.
+tools: ## Build the pinned tools (etcd, kube-apiserver, kubectl, kubelet, kube-controller-manager, kube-scheduler, helm, helm-unittest, helm-docs, Flux's helm-, source- and notification-controller, the OCI registry, promtool, Flux's CLI) and fetch the CRDs into _out/, TOOLS_JOBS at a time.
 	@started=$$SECONDS; $(MAKE) --no-print-directory -j$(TOOLS_JOBS) tools-built; \
 	  echo ">> tools ready in $(BIN) ($$((SECONDS - started))s)"
 
@@ -356,7 +356,7 @@ dist: $(DIST_PREREQUISITES) ## Build a release offline (the image for linux/amd6
 ##@ Test
 
 .PHONY: test
-test: test-log-reset lint tools test-unit test-envtest test-chart test-bats e2e test-node test-dist ## Run every test tier (what CI runs).
+test: test-log-reset lint tools test-unit test-envtest test-chart test-bats e2e test-node ## Run every test tier CI runs (make test-dist is not one: see docs/testing.md).
 	@echo ">> every test tier passed"
 	@hack/test-summary.sh $(TEST_LOG)
 
@@ -486,10 +486,11 @@ test-node: tools node-packages image first-release ## The chart on a real node (
 	@hack/check-no-leftovers.sh
 
 # make dist run for real, as a release runs it, into the test world's registry
-# (bins/dist/tests/dist.rs), then checked as a user checks a release. After
-# test-node, whose make image already built the amd64 binaries make dist
-# reuses; the arm64 build is this tier's own (cold: about 15 minutes on 2 busy
-# cores; warm: about a minute).
+# (bins/dist/tests/dist.rs), then checked as a user checks a release. Not a
+# tier of make test: cosign's build and the arm64 release build (cold: about 9
+# and 15 minutes on 2 cores) would take CI past its time; run it before a
+# release (docs/releasing.md). After make image, whose amd64 binaries make
+# dist reuses, it takes about a minute warm.
 .PHONY: test-dist
 test-dist: tools $(DIST_PREREQUISITES) ## make dist into the test world's registry with a throwaway key pair, then cosign verify (and with another key, refused), verify-attestation of the SBOM, both platforms of the index, the binaries' crate graphs and the chart pulled back (bins/dist).
 	@hack/check-no-leftovers.sh --mark

@@ -120,7 +120,7 @@ async fn a_release_is_named_as_flux_names_the_object_it_reconciles() -> Result<(
     let lines = log_lines(&controller.log())?;
     let line = line(&lines, deleted)?;
     assert_eq!(line["level"], "info");
-    assert_eq!(line["logger"], "plunger::reconcile");
+    assert_eq!(line["logger"], "plunger::reconcile::recover");
     assert_eq!(
         line["HelmRelease"],
         json!({"name": "web", "namespace": ns.name})
