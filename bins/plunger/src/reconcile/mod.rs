@@ -392,8 +392,10 @@ impl Reconciler {
             }
             Decision::Lift { keep_fence } => {
                 let written = self.lift(release, keep_fence).await?;
-                let kept_fence = keep_fence;
-                Ok((Outcome::Lifted { kept_fence }, written))
+                let outcome = Outcome::Lifted {
+                    kept_fence: keep_fence,
+                };
+                Ok((outcome, written))
             }
             Decision::DropFence { event } => {
                 if let Some(event) = event {

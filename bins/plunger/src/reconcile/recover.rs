@@ -5,7 +5,8 @@
 
 use kube::Client;
 
-use super::{Outcome, Pass, Reconciler, storage::Unreached};
+use super::storage::{self, Unreached};
+use super::{Outcome, Pass, Reconciler};
 use crate::apply::{self, Claim};
 use crate::decide::{
     self, MayAcquire, RecoveryPlan, SkipReason, may_take_suspension, plan_recovery,
@@ -64,7 +65,7 @@ impl Reconciler {
                 namespace: location.namespace.clone(),
                 source,
             })?;
-        let revisions = self.revisions_of(&release, &location, &secrets);
+        let revisions = storage::revisions_of(&release, &location, &secrets);
         let target = match plan_recovery(&release, &revisions) {
             RecoveryPlan::Reclaim(target) => target,
             RecoveryPlan::Skip(reason) => {

@@ -78,7 +78,7 @@ impl Reconciler {
                 });
             }
         };
-        let revisions = self.revisions_of(release, &location, &secrets);
+        let revisions = revisions_of(release, &location, &secrets);
         let snapshot = match decide::uninstall_target(&revisions) {
             UninstallTarget::Revision(target) if !release.has_history => {
                 match read_snapshot(&client, target, &location.release_name).await {
@@ -177,20 +177,18 @@ impl Reconciler {
         }
         Ok(self.client.clone())
     }
+}
 
-    /// The storage revisions of the release at `location`, listed with
-    /// `client`; a Secret that is not a well-formed revision is logged and
-    /// left out.
-    pub(super) fn revisions_of(
-        &self,
-        release: &ReleaseView,
-        location: &StorageLocation,
-        secrets: &[ListedSecret],
-    ) -> Vec<StorageRevision> {
-        let (revisions, ignored) = parse_revisions(secrets, location);
-        for secret in &ignored {
-            tracing::warn!(release = %release.key(), secret = %secret.name, why = %secret.why, "ignoring a Secret that is not a well-formed Helm storage revision");
-        }
-        revisions
+/// The storage revisions among the Secrets listed at `location`; a Secret
+/// that is not a well-formed revision is logged and left out.
+pub(super) fn revisions_of(
+    release: &ReleaseView,
+    location: &StorageLocation,
+    secrets: &[ListedSecret],
+) -> Vec<StorageRevision> {
+    let (revisions, ignored) = parse_revisions(secrets, location);
+    for secret in &ignored {
+        tracing::warn!(release = %release.key(), secret = %secret.name, why = %secret.why, "ignoring a Secret that is not a well-formed Helm storage revision");
     }
+    revisions
 }
