@@ -28,7 +28,16 @@ CARGO_TEST := cargo test --workspace --locked
 # line that sums them up ("N passed, N failed").
 TEST_LOG := $(CURDIR)/target/test-logs
 
-step = @printf '\n\033[1m>> %s\033[0m\n' "$(1)"
+# When the outermost make started (seconds since the epoch): every step says
+# how far into the run it begins, and every built tool how far in it was
+# done, so a cold run's log is its own timeline.
+ifndef MAKE_STARTED
+MAKE_STARTED := $(shell date +%s)
+endif
+export MAKE_STARTED
+into_run = $$(t=$$(( $$(date +%s) - $(MAKE_STARTED) )); printf '%d:%02d' $$((t / 60)) $$((t % 60)))
+step = @printf '\n\033[1m>> %s\033[0m (%s into the run)\n' "$(1)" "$(into_run)"
+built = @printf '>> built %s (%s into the run)\n' "$(1)" "$(into_run)"
 
 .PHONY: help
 help: ## List the targets.
@@ -41,18 +50,38 @@ K8S_COMMANDS := kube-apiserver kubectl kubelet kube-controller-manager kube-sche
 HELM_CONTROLLERS := $(foreach v,$(HELM_CONTROLLER_E2E_VERSIONS),$(BIN)/helm-controller-$(v))
 SOURCE_CONTROLLER := $(BIN)/source-controller-$(SOURCE_CONTROLLER_VERSION)
 NOTIFICATION_CONTROLLER := $(BIN)/notification-controller-$(NOTIFICATION_CONTROLLER_VERSION)
-# In the order make starts them, the longest builds first (the Kubernetes
-# binaries and source-controller, 12 to 13 minutes cold each): the short ones
-# then fill the slots beside them rather than delay them.
-TOOLS := $(addprefix $(BIN)/,$(K8S_COMMANDS)) $(SOURCE_CONTROLLER) $(NOTIFICATION_CONTROLLER) \
-	$(HELM_CONTROLLERS) $(BIN)/etcd $(BIN)/helm $(HELM_PLUGINS)/unittest/plugin.yaml $(BIN)/helm-docs \
-	$(BIN)/registry $(BIN)/promtool $(BIN)/flux $(CRDS)/.done $(CRDS)/.source-controller.done $(CRDS)/.notification-controller.done
+# What the tiers need, in two groups, so that `make test` can run each tier as
+# soon as its own tools are built and build the rest beside it.
+#
+# The local control plane and what the envtest, chart and bats tiers run: the
+# Kubernetes binaries, etcd, notification-controller, the OCI registry, helm
+# and its plugin, helm-docs, promtool and the CRDs. The longest builds first
+# (the Kubernetes binaries and notification-controller, 10 to 12 minutes cold
+# each): the short ones then fill the slots beside them rather than delay them.
+TIER_TOOLS := $(addprefix $(BIN)/,$(K8S_COMMANDS)) $(NOTIFICATION_CONTROLLER) $(BIN)/promtool \
+	$(BIN)/etcd $(BIN)/helm $(HELM_PLUGINS)/unittest/plugin.yaml $(BIN)/helm-docs $(BIN)/registry \
+	$(CRDS)/.done $(CRDS)/.source-controller.done $(CRDS)/.notification-controller.done
+# What only the e2e and node tiers run: source-controller, every pinned
+# helm-controller and Flux's CLI. They build at the lowest CPU priority
+# (NICE_BESIDE_TESTS, like the images only the node tier runs): beside the
+# tiers before e2e they take the cores only when a tier leaves them idle,
+# waiting on its servers.
+FLUX_TOOLS := $(SOURCE_CONTROLLER) $(HELM_CONTROLLERS) $(BIN)/flux
+NICE_BESIDE_TESTS := nice -n 19
+TOOLS := $(TIER_TOOLS) $(FLUX_TOOLS)
+
+# Builds that share most of their compiled packages (the same Kubernetes,
+# controller-runtime and fluxcd/pkg versions) run one after the other, so the
+# second finds the first's packages in Go's build cache instead of compiling
+# them at the same time (FLUX_BUILD_AFTER in versions.mk: pairs of
+# `later:earlier` binary names).
+$(foreach pair,$(FLUX_BUILD_AFTER),$(eval $(BIN)/$(firstword $(subst :, ,$(pair))): | $(BIN)/$(lastword $(subst :, ,$(pair)))))
 
 # The tools build side by side: each `go build` is mostly one process at a
 # time (analysis, then a single-threaded link), and module downloads wait on
 # the network, so three at once keep two cores busy where one after another
-# left them idle for much of a cold build. `make test` (what CI runs) gets
-# the same parallelism without a -j of its own.
+# left them idle for much of a cold build. `make test` (what CI runs) builds
+# them as its tiers need them (TEST_JOBS below).
 TOOLS_JOBS ?= 3
 
 .PHONY: tools
@@ -81,10 +110,12 @@ $(addprefix $(BIN)/,$(K8S_COMMANDS)) &: $(K8S_MOD) hack/tools/kubernetes/tools.g
 	cd hack/tools/kubernetes && go build -trimpath -ldflags='-s -w $(K8S_LDFLAGS)' -o $(BIN)/ \
 	  $(addprefix k8s.io/kubernetes/cmd/,$(K8S_COMMANDS))
 	touch $(addprefix $(BIN)/,$(K8S_COMMANDS))
+	$(call built,the Kubernetes binaries)
 
 $(BIN)/etcd: hack/tools/etcd/go.mod hack/tools/etcd/go.sum hack/tools/etcd/main.go
 	$(call step,building etcd)
 	cd hack/tools/etcd && $(GO_BUILD) -o $@ .
+	$(call built,$(notdir $@))
 
 HELM_MOD := hack/tools/helm/go.mod hack/tools/helm/go.sum
 # helm as Helm's own release build makes it: the -X flags of the Makefile in
@@ -111,12 +142,14 @@ $(BIN)/helm: $(HELM_MOD) hack/tools/versions.mk
 	$(call step,building helm $(HELM_VERSION) as Helm's release build does (Kubernetes $(HELM_K8S_MAJOR).$(HELM_K8S_MINOR) by default))
 	@test -n "$(HELM_K8S_MINOR)" || { echo "no k8s.io/client-go requirement in helm's go.mod" >&2; exit 1; }
 	cd hack/tools/helm && CGO_ENABLED=0 go build -trimpath -ldflags='$(HELM_LDFLAGS)' -o $@ helm.sh/helm/v3/cmd/helm
+	$(call built,$(notdir $@))
 
 $(HELM_PLUGINS)/unittest/plugin.yaml: $(HELM_MOD) hack/tools/helm/unittest-plugin.yaml
 	$(call step,building the helm-unittest plugin)
 	mkdir -p $(HELM_PLUGINS)/unittest
 	cd hack/tools/helm && $(GO_BUILD) -o $(HELM_PLUGINS)/unittest/untt github.com/helm-unittest/helm-unittest/cmd/helm-unittest
 	cp hack/tools/helm/unittest-plugin.yaml $@
+	$(call built,the helm-unittest plugin)
 
 # helm-docs, which writes chart/README.md's values table (make chart-docs), as
 # its release build (goreleaser's defaults) makes it: the version without its v.
@@ -126,6 +159,7 @@ $(BIN)/helm-docs: $(HELM_DOCS_MOD) hack/tools/helm-docs/tools.go
 	cd hack/tools/helm-docs && CGO_ENABLED=0 go build -trimpath \
 	  -ldflags="-s -w -X main.version=$$(go list -m -f '{{.Version}}' github.com/norwoodj/helm-docs | sed 's/^v//')" \
 	  -o $@ github.com/norwoodj/helm-docs/cmd/helm-docs
+	$(call built,$(notdir $@))
 
 # The directory of a downloaded module: $(call module_dir,path@version).
 module_dir = $$(go mod download -json $(1) | sed -n 's/^\t"Dir": "\(.*\)",$$/\1/p')
@@ -168,27 +202,29 @@ $(CRDS)/.notification-controller.done: hack/tools/versions.mk
 	touch $@
 
 # Flux's helm-controller at each version of HELM_CONTROLLER_E2E_VERSIONS
-# (cold, on 2 cores: about 3.5 minutes for v1.6.4, then about 2 for v1.6.1,
-# whose dependencies differ by patch versions, and 4.5 for v1.4.0, on Helm v3;
+# (cold, on 2 cores: about 3.5 minutes for v1.6.4, 2 for v1.6.1 after
+# source-controller, whose packages it shares, and 4.5 for v1.4.0, on Helm v3;
 # warm: seconds).
 $(BIN)/helm-controller-%: hack/build-flux-controller.sh
 	$(call step,building helm-controller $* from github.com/fluxcd/helm-controller@$*)
-	hack/build-flux-controller.sh github.com/fluxcd/helm-controller $* $@
+	$(NICE_BESIDE_TESTS) hack/build-flux-controller.sh github.com/fluxcd/helm-controller $* $@
+	$(call built,$(notdir $@))
 
 # Flux's source-controller (OCIRepository and the other sources, its artifact
 # server) and notification-controller (events to Alerts' Providers), at the
-# pins of versions.mk, without CGO: static binaries that need no C toolchain.
-# Cold (empty module and build caches), side by side on 2 cores that cargo
-# builds shared: about 13 minutes for source-controller (its cloud SDKs, cosign
-# and notation make it the largest; a 100 MB binary) and 12 for
-# notification-controller; warm: seconds.
+# pins of versions.mk. Cold (empty module and build caches), side by side on 2
+# cores that cargo builds shared: about 13 minutes for source-controller (its
+# cloud SDKs, cosign and notation make it the largest; a 100 MB binary) and 12
+# for notification-controller; warm: seconds.
 $(BIN)/source-controller-%: hack/build-flux-controller.sh
 	$(call step,building source-controller $* from github.com/fluxcd/source-controller@$* (cold: about 13 minutes))
-	CGO_ENABLED=0 hack/build-flux-controller.sh github.com/fluxcd/source-controller $* $@
+	$(NICE_BESIDE_TESTS) hack/build-flux-controller.sh github.com/fluxcd/source-controller $* $@
+	$(call built,$(notdir $@))
 
 $(BIN)/notification-controller-%: hack/build-flux-controller.sh
 	$(call step,building notification-controller $* from github.com/fluxcd/notification-controller@$* (cold: about 12 minutes))
-	CGO_ENABLED=0 hack/build-flux-controller.sh github.com/fluxcd/notification-controller $* $@
+	hack/build-flux-controller.sh github.com/fluxcd/notification-controller $* $@
+	$(call built,$(notdir $@))
 
 # The tests' OCI registry: go-containerregistry's pkg/registry behind TLS, in a
 # main of ours (hack/tools/registry; cold: seconds, its only dependency is the
@@ -197,21 +233,25 @@ REGISTRY_MOD := hack/tools/registry/go.mod hack/tools/registry/go.sum
 $(BIN)/registry: $(REGISTRY_MOD) hack/tools/registry/main.go
 	$(call step,building the OCI registry (go-containerregistry's pkg/registry, hack/tools/registry))
 	cd hack/tools/registry && CGO_ENABLED=0 $(GO_BUILD) -o $@ .
+	$(call built,$(notdir $@))
 
 # promtool, Prometheus's own rule checker and tester (`promtool test rules` runs
 # the chart's PrometheusRule in make test-chart), from the pinned
 # github.com/prometheus/prometheus module (v0.316.0 is Prometheus 3.16.0), with
 # the version its release build stamps (promu's ldflags, from the module's
-# VERSION file) and its netgo tag. Cold (its modules downloaded, its build
-# cache empty), on 2 cores other builds shared: about 10 minutes, as its
-# service discovery pulls in the cloud SDKs; warm: seconds.
+# VERSION file) and its netgo tag, less Prometheus's service discovery plugins
+# (its own remove_all_sd tag: `promtool test rules` discovers nothing, and the
+# plugins' cloud SDKs were a fifth of its packages). Cold (its modules
+# downloaded, its build cache empty), on 2 cores other builds shared: about 8
+# minutes; warm: seconds.
 PROMTOOL_MOD := hack/tools/promtool/go.mod hack/tools/promtool/go.sum
 $(BIN)/promtool: $(PROMTOOL_MOD) hack/tools/promtool/tools.go
 	$(call step,building promtool from github.com/prometheus/prometheus (hack/tools/promtool; cold: about 10 minutes))
 	cd hack/tools/promtool && dir=$$(go list -m -f '{{.Dir}}' github.com/prometheus/prometheus) && \
-	  CGO_ENABLED=0 go build -trimpath -tags netgo \
+	  CGO_ENABLED=0 go build -trimpath -tags netgo,remove_all_sd \
 	  -ldflags="-s -w -X github.com/prometheus/common/version.Version=$$(cat "$$dir/VERSION")" \
 	  -o $@ github.com/prometheus/prometheus/cmd/promtool
+	$(call built,$(notdir $@))
 
 # cosign, which signs what `make dist` publishes and verifies it there and in
 # make test-dist, from the pinned github.com/sigstore/cosign/v3 module
@@ -234,12 +274,14 @@ $(BIN)/cosign: $(COSIGN_MOD) hack/tools/cosign/tools.go
 	    -X sigs.k8s.io/release-utils/version.gitTreeState=clean \
 	    -X sigs.k8s.io/release-utils/version.buildDate=$$date" \
 	  -o $@ $(COSIGN_MODULE)/cmd/cosign
+	$(call built,$(notdir $@))
 
 # Flux's CLI (its `flux logs` reads flux-plunger's pods in the node tier),
 # from github.com/fluxcd/flux2/v2 at FLUX_CLI_VERSION.
 $(BIN)/flux: hack/build-flux-cli.sh hack/tools/versions.mk
 	$(call step,building Flux's CLI $(FLUX_CLI_VERSION) from github.com/fluxcd/flux2/v2 (cold: several minutes))
-	hack/build-flux-cli.sh $(FLUX_CLI_VERSION) $@
+	$(NICE_BESIDE_TESTS) hack/build-flux-cli.sh $(FLUX_CLI_VERSION) $@
+	$(call built,$(notdir $@))
 
 # bats-core from npm into _out/npm, at the version pinned in versions.mk; the
 # stamp names the version, so a new pin installs again.
@@ -330,7 +372,7 @@ IMAGE_DIR := $(OUT)/image
 .PHONY: image
 image: node-packages rust-image-target $(CARGO_AUDITABLE_STAMP) ## Build the image offline (static musl binaries FROM scratch, built with cargo auditable; Docker if an engine runs, else buildah) and the node's pause image into _out/image/.
 	$(call step,image $(IMAGE):$(IMAGE_TAG) from the Dockerfile (offline))
-	IMAGE_RUST_TARGET=$(IMAGE_RUST_TARGET) CARGO_AUDITABLE=$(CARGO_AUDITABLE) hack/build-image.sh $(IMAGE):$(IMAGE_TAG) $(IMAGE_DIR)
+	IMAGE_RUST_TARGET=$(IMAGE_RUST_TARGET) CARGO_AUDITABLE=$(CARGO_AUDITABLE) $(NICE_BESIDE_TESTS) hack/build-image.sh $(IMAGE):$(IMAGE_TAG) $(IMAGE_DIR)
 
 # make dist (hack/dist.sh, docs/releasing.md): where a release is published
 # and with which key. A release names ghcr.io/flux-plunger and the
@@ -355,10 +397,28 @@ dist: $(DIST_PREREQUISITES) ## Build a release offline (the image for linux/amd6
 
 ##@ Test
 
+# The tiers of make test, in the order they run.
+TEST_TIERS := lint test-unit test-envtest test-chart test-bats e2e test-node
+# make test runs its tiers one after another and, beside them, TEST_JOBS - 1
+# builds: the tools a tier needs before it starts, the ones only later tiers
+# need (at the lowest CPU priority, NICE_BESIDE_TESTS) while earlier tiers run.
+TEST_JOBS ?= 4
+
 .PHONY: test
-test: test-log-reset lint tools test-unit test-envtest test-chart test-bats e2e test-node ## Run every test tier CI runs (make test-dist is not one: see docs/testing.md).
-	@echo ">> every test tier passed"
+test: ## Run every test tier CI runs (make test-dist is not one: see docs/testing.md).
+	@started=$$SECONDS; \
+	  $(MAKE) --no-print-directory -j$(TEST_JOBS) TEST_TIERS_IN_ORDER=1 test-log-reset $(TEST_TIERS); \
+	  echo ">> every test tier passed ($$(( (SECONDS - started) / 60 )) min $$(( (SECONDS - started) % 60 )) s)"
 	@hack/test-summary.sh $(TEST_LOG)
+
+# Under make test, each tier waits for the one before it: they share the
+# cores, and the leftovers check judges one tier at a time. A tier's own
+# prerequisites (its tools, the images) are not ordered: they build as soon as
+# a job is free.
+ifdef TEST_TIERS_IN_ORDER
+$(foreach i,$(shell seq 2 $(words $(TEST_TIERS))),$(eval $(word $(i),$(TEST_TIERS)): | $(word $(shell expr $(i) - 1),$(TEST_TIERS))))
+$(firstword $(TEST_TIERS)): | test-log-reset
+endif
 
 .PHONY: test-log-reset
 test-log-reset:
@@ -371,7 +431,7 @@ test-unit: ## Unit tests: pure, no control plane.
 	$(CARGO_TEST) --lib --bins 2>&1 | tee $(TEST_LOG)/unit.log || { hack/failure-digest.sh $(TEST_LOG)/unit.log; exit 1; }
 
 .PHONY: test-envtest
-test-envtest: tools ## Integration tests against the local control plane.
+test-envtest: $(TIER_TOOLS) ## Integration tests against the local control plane.
 	@hack/check-no-leftovers.sh --mark
 	$(call step,integration tests against the local control plane)
 	@# Tests run the binaries of other packages (testkit::workspace_binary):
@@ -409,7 +469,7 @@ chart-docs-check: $(BIN)/helm-docs $(CHART)/README.md.gotmpl ## Fail when chart/
 	  || { echo "$(CHART)/README.md is not what helm-docs writes: edit $(CHART)/README.md.gotmpl or $(CHART)/values.yaml, then run make chart-docs" >&2; exit 1; }
 
 .PHONY: test-chart
-test-chart: tools build chart-docs-check ## The chart: README.md as helm-docs writes it, helm lint --strict, helm-unittest (chart-tests/), contract and install tests (bins/chart-contract).
+test-chart: $(TIER_TOOLS) build chart-docs-check ## The chart: README.md as helm-docs writes it, helm lint --strict, helm-unittest (chart-tests/), contract and install tests (bins/chart-contract).
 	@hack/check-no-leftovers.sh --mark
 	$(call step,chart: helm lint --strict with the default values)
 	@# helm lint takes no --api-versions: it renders in lint mode, where the
@@ -435,7 +495,7 @@ test-chart: tools build chart-docs-check ## The chart: README.md as helm-docs wr
 E2E_THREADS ?= 8
 
 .PHONY: e2e
-e2e: tools ## End-to-end tests against Flux's real helm-controller, once per version in HELM_CONTROLLER_E2E_VERSIONS.
+e2e: $(TOOLS) ## End-to-end tests against Flux's real helm-controller, once per version in HELM_CONTROLLER_E2E_VERSIONS.
 	@hack/check-no-leftovers.sh --mark
 	$(call step,building flux-plunger and the e2e tests)
 	@# A workspace build: testkit turns plunger's test-hooks feature on, which
@@ -465,12 +525,12 @@ NODE_TEST_BINARIES := on_node as_flux_helmrelease
 FIRST_RELEASE_DIR := $(OUT)/first-release
 
 .PHONY: first-release
-first-release: node-packages rust-image-target ## Rebuild the first release's chart and image (FIRST_RELEASE_COMMIT) into _out/first-release/, for the node tier's upgrade test.
+first-release: node-packages rust-image-target $(BIN)/helm ## Rebuild the first release's chart and image (FIRST_RELEASE_COMMIT) into _out/first-release/, for the node tier's upgrade test.
 	$(call step,the first release ($(FIRST_RELEASE_COMMIT)): its chart and image into $(FIRST_RELEASE_DIR))
-	IMAGE_RUST_TARGET=$(IMAGE_RUST_TARGET) hack/build-first-release.sh $(FIRST_RELEASE_COMMIT) $(FIRST_RELEASE_DIR)
+	IMAGE_RUST_TARGET=$(IMAGE_RUST_TARGET) $(NICE_BESIDE_TESTS) hack/build-first-release.sh $(FIRST_RELEASE_COMMIT) $(FIRST_RELEASE_DIR)
 
 .PHONY: test-node
-test-node: tools node-packages image first-release ## The chart on a real node (kubelet, containerd, controller-manager, scheduler) in hack/node-sandbox.sh: its pods, sidecar and hook Job run for real; helm and the real helm-controller install it.
+test-node: $(TOOLS) node-packages image first-release ## The chart on a real node (kubelet, containerd, controller-manager, scheduler) in hack/node-sandbox.sh: its pods, sidecar and hook Job run for real; helm and the real helm-controller install it.
 	@hack/check-no-leftovers.sh --mark
 	$(call step,building the node tier's tests)
 	cargo test --locked -p real-node --no-run
@@ -531,7 +591,7 @@ mutants: $(CARGO_MUTANTS) ## Mutation testing of the decision code (.cargo/mutan
 	$(CARGO_MUTANTS) mutants --package plunger --test-package plunger --output $(OUT)
 
 .PHONY: test-bats
-test-bats: tools build $(BATS_STAMP) ## bats suites (bats/): flux-plunger-sweep as a process against the local control plane; hack/check-no-leftovers.sh.
+test-bats: $(TIER_TOOLS) build $(BATS_STAMP) ## bats suites (bats/): flux-plunger-sweep as a process against the local control plane; hack/check-no-leftovers.sh.
 	@hack/check-no-leftovers.sh --mark
 	$(call step,bats: flux-plunger-sweep as a process against the local control plane; the leftovers check (bats/; about two minutes))
 	@mkdir -p $(TEST_LOG)

@@ -3,14 +3,17 @@
 # module into OUT.
 #
 #   hack/build-flux-controller.sh github.com/fluxcd/helm-controller v1.6.4 _out/bin/helm-controller-v1.6.4
-#   CGO_ENABLED=0 hack/build-flux-controller.sh github.com/fluxcd/source-controller v1.9.6 _out/bin/source-controller-v1.9.6
+#   hack/build-flux-controller.sh github.com/fluxcd/source-controller v1.9.3 _out/bin/source-controller-v1.9.3
 #
 # Every Flux controller's go.mod says `replace <module>/api => ./api`, but a
 # module zip never holds a nested module, so ./api is missing from the
 # download. The build runs in a copy of the module with that one replace
 # dropped: the api module is published on its own at the same version. Every
 # other replace (go-digest, kustomize, a Helm fork on some versions) is kept.
-# The environment passes through to `go build` (CGO_ENABLED, GOFLAGS).
+# Without CGO, as Flux's own Dockerfiles build them: static binaries that need
+# no C toolchain, and one build configuration for every controller, so those
+# of the same dependency versions share Go's build cache. The rest of the
+# environment passes through to `go build` (GOFLAGS).
 #
 # Idempotent: an OUT newer than this script is left as it is (OUT names the
 # version, so a new pin is a new OUT). A rebuild is cheap once the Go build
@@ -60,6 +63,6 @@ go mod download "$module/api"
 tmp_out="$out.tmp.$$"
 mkdir -p "$(dirname "$out")"
 say "compiling (cold: several minutes on 2 cores; warm: seconds)"
-go build -trimpath -ldflags='-s -w' -o "$tmp_out" .
+CGO_ENABLED=0 go build -trimpath -ldflags='-s -w' -o "$tmp_out" .
 mv -f "$tmp_out" "$out"
 say "built $out in $(( $(date +%s) - started ))s"
