@@ -50,17 +50,21 @@ K8S_COMMANDS := kube-apiserver kubectl kubelet kube-controller-manager kube-sche
 HELM_CONTROLLERS := $(foreach v,$(HELM_CONTROLLER_E2E_VERSIONS),$(BIN)/helm-controller-$(v))
 SOURCE_CONTROLLER := $(BIN)/source-controller-$(SOURCE_CONTROLLER_VERSION)
 NOTIFICATION_CONTROLLER := $(BIN)/notification-controller-$(NOTIFICATION_CONTROLLER_VERSION)
-# What the tiers need, in two groups, so that `make test` can run each tier as
-# soon as its own tools are built and build the rest beside it.
+comma := ,
+# chain: each of the targets $(1) waits for the one before it (order-only
+# prerequisites: it does not make the one before it out of date).
+chain = $(foreach i,$(shell seq 2 $(words $(1))),$(eval $(word $(i),$(1)): | $(word $(shell expr $(i) - 1),$(1))))
+
+# What the tiers need, in groups, so that `make test` runs each tier as soon
+# as its own tools are built and builds the rest beside the tiers before.
 #
-# The local control plane and what the envtest, chart and bats tiers run: the
-# Kubernetes binaries, etcd, notification-controller, the OCI registry, helm
-# and its plugin, helm-docs, promtool and the CRDs. The longest builds first
-# (the Kubernetes binaries and notification-controller, 10 to 12 minutes cold
-# each): the short ones then fill the slots beside them rather than delay them.
-TIER_TOOLS := $(addprefix $(BIN)/,$(K8S_COMMANDS)) $(NOTIFICATION_CONTROLLER) $(BIN)/promtool \
-	$(BIN)/etcd $(BIN)/helm $(HELM_PLUGINS)/unittest/plugin.yaml $(BIN)/helm-docs $(BIN)/registry \
-	$(CRDS)/.done $(CRDS)/.source-controller.done $(CRDS)/.notification-controller.done
+# The local control plane and what the envtest tier runs: the Kubernetes
+# binaries, etcd, notification-controller, the OCI registry, helm and the CRDs.
+ENVTEST_TOOLS := $(addprefix $(BIN)/,$(K8S_COMMANDS)) $(BIN)/etcd $(NOTIFICATION_CONTROLLER) $(BIN)/registry \
+	$(BIN)/helm $(CRDS)/.done $(CRDS)/.source-controller.done $(CRDS)/.notification-controller.done
+# And what the chart and bats tiers run besides: promtool, helm-unittest and
+# helm-docs.
+TIER_TOOLS := $(ENVTEST_TOOLS) $(BIN)/promtool $(HELM_PLUGINS)/unittest/plugin.yaml $(BIN)/helm-docs
 # What only the e2e and node tiers run: source-controller, every pinned
 # helm-controller and Flux's CLI. They build at the lowest CPU priority
 # (NICE_BESIDE_TESTS, like the images only the node tier runs): beside the
@@ -70,18 +74,17 @@ FLUX_TOOLS := $(SOURCE_CONTROLLER) $(HELM_CONTROLLERS) $(BIN)/flux
 NICE_BESIDE_TESTS := nice -n 19
 TOOLS := $(TIER_TOOLS) $(FLUX_TOOLS)
 
-# Builds that share most of their compiled packages (the same Kubernetes,
-# controller-runtime and fluxcd/pkg versions) run one after the other, so the
-# second finds the first's packages in Go's build cache instead of compiling
-# them at the same time (FLUX_BUILD_AFTER in versions.mk: pairs of
-# `later:earlier` binary names).
-$(foreach pair,$(FLUX_BUILD_AFTER),$(eval $(BIN)/$(firstword $(subst :, ,$(pair))): | $(BIN)/$(lastword $(subst :, ,$(pair)))))
+# The builds run in lanes, one build at a time in each, the lanes side by
+# side: two for the tier tools, the longest first in each (the Kubernetes
+# binaries and notification-controller, 10 to 12 minutes cold), then the
+# Flux builds' lanes (FLUX_BUILD_LANES in versions.mk). The lanes, not make's
+# job count, bound how many builds run at once, so `make test` can give make
+# jobs enough that a tier never waits for a free one.
+$(call chain,$(BIN)/kube-apiserver $(BIN)/etcd $(BIN)/registry $(BIN)/helm $(HELM_PLUGINS)/unittest/plugin.yaml $(BIN)/helm-docs)
+$(call chain,$(NOTIFICATION_CONTROLLER) $(BIN)/promtool)
+$(foreach lane,$(FLUX_BUILD_LANES),$(call chain,$(addprefix $(BIN)/,$(subst $(comma), ,$(lane)))))
 
-# The tools build side by side: each `go build` is mostly one process at a
-# time (analysis, then a single-threaded link), and module downloads wait on
-# the network, so three at once keep two cores busy where one after another
-# left them idle for much of a cold build. `make test` (what CI runs) builds
-# them as its tiers need them (TEST_JOBS below).
+# `make tools` alone runs TOOLS_JOBS builds at a time.
 TOOLS_JOBS ?= 3
 
 .PHONY: tools
@@ -307,7 +310,7 @@ RUST_AUDIT_INFO := $(CARGO_ROOT)/bin/rust-audit-info
 RUST_AUDIT_INFO_STAMP := $(CARGO_ROOT)/.rust-audit-info-$(RUST_AUDIT_INFO_VERSION)
 $(CARGO_AUDITABLE_STAMP):
 	$(call step,installing cargo-auditable $(CARGO_AUDITABLE_VERSION) into $(CARGO_ROOT))
-	cargo install --locked cargo-auditable@$(CARGO_AUDITABLE_VERSION) --root $(CARGO_ROOT)
+	$(NICE_BESIDE_TESTS) cargo install --locked cargo-auditable@$(CARGO_AUDITABLE_VERSION) --root $(CARGO_ROOT)
 	rm -f $(CARGO_ROOT)/.cargo-auditable-* && touch $@
 $(RUST_AUDIT_INFO_STAMP):
 	$(call step,installing rust-audit-info $(RUST_AUDIT_INFO_VERSION) into $(CARGO_ROOT))
@@ -399,10 +402,12 @@ dist: $(DIST_PREREQUISITES) ## Build a release offline (the image for linux/amd6
 
 # The tiers of make test, in the order they run.
 TEST_TIERS := lint test-unit test-envtest test-chart test-bats e2e test-node
-# make test runs its tiers one after another and, beside them, TEST_JOBS - 1
-# builds: the tools a tier needs before it starts, the ones only later tiers
-# need (at the lowest CPU priority, NICE_BESIDE_TESTS) while earlier tiers run.
-TEST_JOBS ?= 4
+# make test runs its tiers one after another and, beside them, the builds of
+# what later tiers need: the tools in their lanes, and `make image` then `make
+# first-release` (for the node tier, at NICE_BESIDE_TESTS). The lanes bound
+# the builds; TEST_JOBS only has to be more than everything that may run at
+# once, so that no tier waits for a job.
+TEST_JOBS ?= 16
 
 .PHONY: test
 test: ## Run every test tier CI runs (make test-dist is not one: see docs/testing.md).
@@ -413,11 +418,11 @@ test: ## Run every test tier CI runs (make test-dist is not one: see docs/testin
 
 # Under make test, each tier waits for the one before it: they share the
 # cores, and the leftovers check judges one tier at a time. A tier's own
-# prerequisites (its tools, the images) are not ordered: they build as soon as
-# a job is free.
+# prerequisites (its tools, the images) are not in that order: they build in
+# their lanes as soon as they can.
 ifdef TEST_TIERS_IN_ORDER
-$(foreach i,$(shell seq 2 $(words $(TEST_TIERS))),$(eval $(word $(i),$(TEST_TIERS)): | $(word $(shell expr $(i) - 1),$(TEST_TIERS))))
-$(firstword $(TEST_TIERS)): | test-log-reset
+$(call chain,test-log-reset $(TEST_TIERS))
+$(call chain,image first-release)
 endif
 
 .PHONY: test-log-reset
@@ -431,7 +436,7 @@ test-unit: ## Unit tests: pure, no control plane.
 	$(CARGO_TEST) --lib --bins 2>&1 | tee $(TEST_LOG)/unit.log || { hack/failure-digest.sh $(TEST_LOG)/unit.log; exit 1; }
 
 .PHONY: test-envtest
-test-envtest: $(TIER_TOOLS) ## Integration tests against the local control plane.
+test-envtest: $(ENVTEST_TOOLS) ## Integration tests against the local control plane.
 	@hack/check-no-leftovers.sh --mark
 	$(call step,integration tests against the local control plane)
 	@# Tests run the binaries of other packages (testkit::workspace_binary):

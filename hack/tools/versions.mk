@@ -40,14 +40,15 @@ NOTIFICATION_CONTROLLER_VERSION := v1.6.0
 # (hack/build-flux-cli.sh): v2.9.5, Flux's release of helm-controller v1.6
 # and source-controller v1.9, the newest the module proxy serves.
 FLUX_CLI_VERSION := v2.9.5
-# Pairs `later:earlier` of _out/bin/ binaries built one after the other,
-# because they compile the same packages at the same versions (and so share
-# Go's build cache): helm-controller v1.6.1 and source-controller v1.9.3
-# (Kubernetes v0.36.2, fluxcd/pkg/runtime v0.110.1), and Flux's CLI v2.9.5
-# and helm-controller v1.6.4 (Kubernetes v0.36.4, runtime v0.110.3). A pin
-# moved apart only loses the sharing: the order stays harmless.
-FLUX_BUILD_AFTER := helm-controller-v1.6.1:source-controller-$(SOURCE_CONTROLLER_VERSION) \
-	flux:helm-controller-v1.6.4
+# The Flux builds in lanes (the binaries of _out/bin/ a lane builds one after
+# another, the lanes side by side): a build after one that compiled the same
+# packages at the same versions finds them in Go's build cache. Here
+# source-controller v1.9.3 and helm-controller v1.6.1 (Kubernetes v0.36.2,
+# fluxcd/pkg/runtime v0.110.1), helm-controller v1.6.4 and Flux's CLI v2.9.5
+# (Kubernetes v0.36.4, runtime v0.110.3). A pin moved apart only loses the
+# sharing; one in no lane builds beside them.
+FLUX_BUILD_LANES := source-controller-$(SOURCE_CONTROLLER_VERSION),helm-controller-v1.6.1,helm-controller-v1.4.0 \
+	helm-controller-v1.6.4,flux
 # The first release of flux-plunger: the first commit CI accepted whole (its
 # chart 0.1.0, the fence without its label). The node tier upgrades an install
 # of it to today's chart with fences held (hack/build-first-release.sh rebuilds

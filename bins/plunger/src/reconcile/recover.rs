@@ -92,7 +92,7 @@ impl Reconciler {
             && let Err(retry_after) = limiter.try_take(&release.uid)
         {
             tracing::info!(release = %release.key(), ?retry_after, "recovery rate limit reached; waiting");
-            let fenced = self.hold_while_waiting(&release).await?;
+            let fenced = self.fence_while_waiting(&release).await?;
             return Ok(Pass {
                 outcome: Outcome::RateLimited { retry_after },
                 handled: fenced.into_iter().collect(),
@@ -101,7 +101,7 @@ impl Reconciler {
         self.pause_at_step(Step::Planned).await;
 
         let held = match self.acquire(&release).await? {
-            Acquisition::Held(held) => *held,
+            Acquisition::Acquired(held) => *held,
             Acquisition::NoLongerStuck => {
                 tracing::info!(release = %release.key(), "no longer stuck when read again before the recovery; nothing reclaimed");
                 return Ok(Outcome::Skipped(SkipReason::NoLongerStuck).into());
@@ -152,7 +152,7 @@ impl Reconciler {
         };
         self.pause_at_step(Step::BeforeAcquire).await;
         match self.apply(planned, claim, false).await {
-            Ok(object) => return Ok(Acquisition::Held(Box::new(self.view(&object)))),
+            Ok(object) => return Ok(Acquisition::Acquired(Box::new(self.view(&object)))),
             Err(err) if is_api_code(&err, 409) => {}
             Err(err) => return Err(acquire_error(err)),
         }
@@ -164,7 +164,7 @@ impl Reconciler {
         }
         self.pause_at_step(Step::BeforeForcedAcquire).await;
         match self.apply(&again, claim, true).await {
-            Ok(object) => Ok(Acquisition::Held(Box::new(self.view(&object)))),
+            Ok(object) => Ok(Acquisition::Acquired(Box::new(self.view(&object)))),
             // What the release is now decides, not the 409: somebody's
             // suspension or a delete defers (their end wakes the watch); a
             // release still live, unsuspended and stuck is a raced write,
@@ -304,7 +304,7 @@ impl Reconciler {
     /// the uninstall hand-over of §5d (helm-controller's own deletion path
     /// finds the history it cleared empty and would let the release go).
     /// The resourceVersion its fence write left, when it wrote one.
-    async fn hold_while_waiting(&self, release: &ReleaseView) -> Result<Option<String>, Error> {
+    async fn fence_while_waiting(&self, release: &ReleaseView) -> Result<Option<String>, Error> {
         if release.has_fence() || self.controls.dry_run {
             return Ok(None);
         }
@@ -344,7 +344,7 @@ impl Reconciler {
 /// What the acquire came to.
 enum Acquisition {
     /// Our suspension and fence are on the release, as this view shows.
-    Held(Box<ReleaseView>),
+    Acquired(Box<ReleaseView>),
     /// Deleted or suspended meanwhile.
     NotOurs,
     /// No longer stuck when read again.
