@@ -101,7 +101,7 @@ impl Reconciler {
         self.pause_at_step(Step::Planned).await;
 
         let held = match self.acquire(&release).await? {
-            Acquisition::Acquired(held) => *held,
+            Acquisition::Acquired(acquired) => *acquired,
             Acquisition::NoLongerStuck => {
                 tracing::info!(release = %release.key(), "no longer stuck when read again before the recovery; nothing reclaimed");
                 return Ok(Outcome::Skipped(SkipReason::NoLongerStuck).into());
