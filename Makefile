@@ -48,6 +48,8 @@ help: ## List the targets.
 # The control plane's and the node's Kubernetes binaries (see below).
 K8S_COMMANDS := kube-apiserver kubectl kubelet kube-controller-manager kube-scheduler
 HELM_CONTROLLERS := $(foreach v,$(HELM_CONTROLLER_E2E_VERSIONS),$(BIN)/helm-controller-$(v))
+# make e2e's tiers, one per helm-controller: e2e-VERSION.
+E2E_TIERS := $(addprefix e2e-,$(HELM_CONTROLLER_E2E_VERSIONS))
 SOURCE_CONTROLLER := $(BIN)/source-controller-$(SOURCE_CONTROLLER_VERSION)
 NOTIFICATION_CONTROLLER := $(BIN)/notification-controller-$(NOTIFICATION_CONTROLLER_VERSION)
 comma := ,
@@ -272,7 +274,7 @@ $(BIN)/cosign: $(COSIGN_MOD) hack/tools/cosign/tools.go
 	$(call step,building cosign from $(COSIGN_MODULE) (hack/tools/cosign; cold: about 9 minutes))
 	cd hack/tools/cosign && version=$$(go list -m -f '{{.Version}}' $(COSIGN_MODULE)) && \
 	  date=$$(go list -m -f '{{.Time.UTC.Format "2006-01-02T15:04:05Z"}}' $(COSIGN_MODULE)) && \
-	  CGO_ENABLED=0 go build -trimpath -ldflags="-s -w -buildid= \
+	  CGO_ENABLED=0 $(NICE_BESIDE_TESTS) go build -trimpath -ldflags="-s -w -buildid= \
 	    -X sigs.k8s.io/release-utils/version.gitVersion=$$version \
 	    -X sigs.k8s.io/release-utils/version.gitTreeState=clean \
 	    -X sigs.k8s.io/release-utils/version.buildDate=$$date" \
@@ -391,6 +393,15 @@ export DIST_REGISTRY DIST_COSIGN_KEY DIST_COSIGN_PUB DIST_CA_FILE DIST_DOCKER_CO
 DIST_PREREQUISITES := $(BIN)/cosign $(BIN)/helm $(CARGO_AUDITABLE_STAMP) $(RUST_AUDIT_INFO_STAMP) \
 	dist-packages rust-image-target rust-dist-target
 
+# make dist's binaries for both platforms, built and checked ahead of it
+# (hack/dist.sh --binaries): make test builds them beside its tiers, at
+# NICE_BESIDE_TESTS, for make test-dist, whose make dist then finds them built.
+.PHONY: dist-binaries
+dist-binaries: image $(CARGO_AUDITABLE_STAMP) dist-packages rust-image-target rust-dist-target
+	$(call step,make dist's binaries for linux/amd64 and linux/arm64 (hack/dist.sh --binaries; cold: the arm64 build about 7 minutes on 2 cores))
+	CARGO_AUDITABLE=$(CARGO_AUDITABLE) CARGO_AUDITABLE_VERSION=$(CARGO_AUDITABLE_VERSION) \
+	  RUST_AUDIT_INFO_VERSION=$(RUST_AUDIT_INFO_VERSION) $(NICE_BESIDE_TESTS) hack/dist.sh --binaries
+
 .PHONY: dist
 dist: $(DIST_PREREQUISITES) ## Build a release offline (the image for linux/amd64 and linux/arm64 as one OCI index, its SBOM, the chart), push it to DIST_REGISTRY, sign it with DIST_COSIGN_KEY and verify it (docs/releasing.md).
 	$(call step,make dist: a release to $(DIST_REGISTRY) (hack/dist.sh; cold: the arm64 build about 15 minutes on 2 busy cores))
@@ -401,7 +412,7 @@ dist: $(DIST_PREREQUISITES) ## Build a release offline (the image for linux/amd6
 ##@ Test
 
 # The tiers of make test, in the order they run.
-TEST_TIERS := lint test-unit test-envtest test-chart test-bats e2e test-node
+TEST_TIERS := lint test-unit test-envtest test-chart test-bats e2e-build $(E2E_TIERS) test-node test-dist
 # make test runs its tiers one after another and, beside them, the builds of
 # what later tiers need: the tools in their lanes, and `make image` then `make
 # first-release` (for the node tier, at NICE_BESIDE_TESTS). The lanes bound
@@ -410,7 +421,7 @@ TEST_TIERS := lint test-unit test-envtest test-chart test-bats e2e test-node
 TEST_JOBS ?= 16
 
 .PHONY: test
-test: ## Run every test tier CI runs (make test-dist is not one: see docs/testing.md).
+test: ## Run every test tier CI runs, make test-dist the last (docs/testing.md).
 	@started=$$SECONDS; \
 	  $(MAKE) --no-print-directory -j$(TEST_JOBS) TEST_TIERS_IN_ORDER=1 test-log-reset $(TEST_TIERS); \
 	  echo ">> every test tier passed ($$(( (SECONDS - started) / 60 )) min $$(( (SECONDS - started) % 60 )) s)"
@@ -422,7 +433,7 @@ test: ## Run every test tier CI runs (make test-dist is not one: see docs/testin
 # their lanes as soon as they can.
 ifdef TEST_TIERS_IN_ORDER
 $(call chain,test-log-reset $(TEST_TIERS))
-$(call chain,image first-release)
+$(call chain,image first-release dist-binaries)
 endif
 
 .PHONY: test-log-reset
@@ -499,22 +510,29 @@ test-chart: $(TIER_TOOLS) build chart-docs-check ## The chart: README.md as helm
 # The e2e tests mostly wait on helm-controller, so they run many at a time.
 E2E_THREADS ?= 8
 
-.PHONY: e2e
-e2e: $(TOOLS) ## End-to-end tests against Flux's real helm-controller, once per version in HELM_CONTROLLER_E2E_VERSIONS.
-	@hack/check-no-leftovers.sh --mark
+# One e2e tier per pinned helm-controller (E2E_TIERS), one after another:
+# each starts once its own helm-controller is built, so the first runs while
+# the last still builds beside it.
+$(call chain,e2e-build $(E2E_TIERS))
+
+.PHONY: e2e e2e-build $(E2E_TIERS)
+e2e: $(E2E_TIERS) ## End-to-end tests against Flux's real helm-controller, once per version in HELM_CONTROLLER_E2E_VERSIONS (make e2e-VERSION: one).
+
+e2e-build:
 	$(call step,building flux-plunger and the e2e tests)
 	@# A workspace build: testkit turns plunger's test-hooks feature on, which
 	@# the e2e races need (pause points); `-p flux-plunger` alone would not.
 	cargo build --locked --workspace --bins
 	cargo test --locked -p e2e --no-run
+
+$(E2E_TIERS): e2e-%: e2e-build $(ENVTEST_TOOLS) $(SOURCE_CONTROLLER) $(BIN)/helm-controller-%
+	@hack/check-no-leftovers.sh --mark
+	$(call step,e2e against the real helm-controller $*)
 	@mkdir -p $(TEST_LOG)
-	@for v in $(HELM_CONTROLLER_E2E_VERSIONS); do \
-	  printf '\n\033[1m>> %s\033[0m\n' "e2e against the real helm-controller $$v"; \
-	  started=$$SECONDS; \
-	  FLUX_PLUNGER_HELM_CONTROLLER_VERSION=$$v cargo test --locked -p e2e --tests -- --test-threads=$(E2E_THREADS) 2>&1 \
-	    | tee $(TEST_LOG)/e2e-$$v.log || { hack/failure-digest.sh $(TEST_LOG)/e2e-$$v.log; exit 1; }; \
-	  echo ">> helm-controller $$v: e2e passed in $$(( SECONDS - started ))s"; \
-	done
+	@started=$$SECONDS; \
+	  FLUX_PLUNGER_HELM_CONTROLLER_VERSION=$* cargo test --locked -p e2e --tests -- --test-threads=$(E2E_THREADS) 2>&1 \
+	    | tee $(TEST_LOG)/e2e-$*.log || { hack/failure-digest.sh $(TEST_LOG)/e2e-$*.log; exit 1; }; \
+	  echo ">> helm-controller $*: e2e passed in $$(( SECONDS - started ))s"
 	@hack/check-no-leftovers.sh
 
 # The node tier's tests in one binary share one node; each installs a
@@ -551,13 +569,13 @@ test-node: $(TOOLS) node-packages image first-release ## The chart on a real nod
 	@hack/check-no-leftovers.sh
 
 # make dist run for real, as a release runs it, into the test world's registry
-# (bins/dist/tests/dist.rs), then checked as a user checks a release. Not a
-# tier of make test: cosign's build and the arm64 release build (cold: about 9
-# and 15 minutes on 2 cores) would take CI past its time; run it before a
-# release (docs/releasing.md). After make image, whose amd64 binaries make
-# dist reuses, it takes about a minute warm.
+# (bins/dist/tests/dist.rs), then checked as a user checks a release: the
+# last tier of make test. Its slow parts, cosign's build and the arm64 release
+# build (cold: about 9 and 7 minutes on 2 cores), run beside the tiers before
+# it (cosign in a Flux lane, make dist-binaries after make first-release),
+# so make dist finds them built and takes about two minutes.
 .PHONY: test-dist
-test-dist: tools $(DIST_PREREQUISITES) ## make dist into the test world's registry with a throwaway key pair, then cosign verify (and with another key, refused), verify-attestation of the SBOM, both platforms of the index, the binaries' crate graphs and the chart pulled back (bins/dist).
+test-dist: $(ENVTEST_TOOLS) $(DIST_PREREQUISITES) dist-binaries ## make dist into the test world's registry with a throwaway key pair, then cosign verify (and with another key, refused), verify-attestation of the SBOM, both platforms of the index, the binaries' crate graphs and the chart pulled back (bins/dist).
 	@hack/check-no-leftovers.sh --mark
 	$(call step,building the dist test)
 	cargo test --locked -p dist --no-run

@@ -40,10 +40,25 @@
 #   COSIGN, HELM, CARGO_AUDITABLE, RUST_AUDIT_INFO: the tools (default: on
 #                       PATH); CARGO_AUDITABLE_VERSION, RUST_AUDIT_INFO_VERSION:
 #                       their pins, which the SBOM names
+#
+# hack/dist.sh --binaries builds and checks the binaries of both platforms
+# alone, and stops there: nothing is pushed or signed, no registry or key is
+# needed. make test runs it ahead of make test-dist, beside the tiers, so that
+# make dist finds them built.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-registry=${DIST_REGISTRY:?DIST_REGISTRY is required: where to publish, HOST[/NAMESPACE] (docs/releasing.md)}
-key=${DIST_COSIGN_KEY:?DIST_COSIGN_KEY is required: the cosign private key that signs the release (docs/releasing.md)}
+binaries_only=false
+case "${1:-}" in
+  --binaries) binaries_only=true ;;
+  "") ;;
+  *) echo "usage: $0 [--binaries]" >&2; exit 2 ;;
+esac
+if $binaries_only; then
+  registry='' key=''
+else
+  registry=${DIST_REGISTRY:?DIST_REGISTRY is required: where to publish, HOST[/NAMESPACE] (docs/releasing.md)}
+  key=${DIST_COSIGN_KEY:?DIST_COSIGN_KEY is required: the cosign private key that signs the release (docs/releasing.md)}
+fi
 pub=${DIST_COSIGN_PUB:-}
 ca=${DIST_CA_FILE:-}
 docker_config=${DIST_DOCKER_CONFIG:-}
@@ -81,20 +96,22 @@ done
 grep -q "^## \[$version\]" CHANGELOG.md || fail "CHANGELOG.md has no section '## [$version]'"
 image=$registry/flux-plunger
 chart_repository=$registry/charts
-step "releasing flux-plunger $version: the image $image:$version and the chart oci://$chart_repository/flux-plunger:$version"
+if ! $binaries_only; then
+  step "releasing flux-plunger $version: the image $image:$version and the chart oci://$chart_repository/flux-plunger:$version"
 
-# The public key the release is verified with, and the check that the signing
-# key is its pair: cosign.pub is what users verify against.
-if [ -z "$pub" ] && [ -f cosign.pub ]; then pub=$root/cosign.pub; fi
-mkdir -p "$out"
-"$cosign" public-key --key "$key" > "$out/signing-key.pub"
-if [ -n "$pub" ]; then
-  cmp -s "$out/signing-key.pub" "$pub" || fail "DIST_COSIGN_KEY is not the pair of $pub: a release must verify with the published public key"
-else
-  echo "   no cosign.pub at the repository's root: verifying with the signing key's own public key"
-  pub=$out/signing-key.pub
+  # The public key the release is verified with, and the check that the signing
+  # key is its pair: cosign.pub is what users verify against.
+  if [ -z "$pub" ] && [ -f cosign.pub ]; then pub=$root/cosign.pub; fi
+  mkdir -p "$out"
+  "$cosign" public-key --key "$key" > "$out/signing-key.pub"
+  if [ -n "$pub" ]; then
+    cmp -s "$out/signing-key.pub" "$pub" || fail "DIST_COSIGN_KEY is not the pair of $pub: a release must verify with the published public key"
+  else
+    echo "   no cosign.pub at the repository's root: verifying with the signing key's own public key"
+    pub=$out/signing-key.pub
+  fi
+  cp "$pub" "$out/cosign.pub"
 fi
-cp "$pub" "$out/cosign.pub"
 
 hack/check-release-features.sh
 
@@ -130,6 +147,10 @@ for platform in "${platforms[@]}"; do
     cp "$file" "$dir/"
   done
 done
+if $binaries_only; then
+  step "the binaries of ${platforms[*]} are built and checked (${SECONDS}s); make dist finds them in target/"
+  exit 0
+fi
 
 # --- the image: one index of both platforms ---------------------------------
 

@@ -45,10 +45,12 @@ FLUX_CLI_VERSION := v2.9.5
 # packages at the same versions finds them in Go's build cache. Here
 # source-controller v1.9.3 and helm-controller v1.6.1 (Kubernetes v0.36.2,
 # fluxcd/pkg/runtime v0.110.1), helm-controller v1.6.4 and Flux's CLI v2.9.5
-# (Kubernetes v0.36.4, runtime v0.110.3). A pin moved apart only loses the
+# (Kubernetes v0.36.4, runtime v0.110.3); then cosign (Kubernetes v0.36.2 and
+# cosign's own packages, which source-controller links) and helm-controller
+# v1.4.0, which shares nothing. A pin moved apart only loses the
 # sharing; one in no lane builds beside them.
-FLUX_BUILD_LANES := source-controller-$(SOURCE_CONTROLLER_VERSION),helm-controller-v1.6.1,helm-controller-v1.4.0 \
-	helm-controller-v1.6.4,flux
+FLUX_BUILD_LANES := source-controller-$(SOURCE_CONTROLLER_VERSION),helm-controller-v1.6.1,cosign \
+	helm-controller-v1.6.4,flux,helm-controller-v1.4.0
 # The first release of flux-plunger: the first commit CI accepted whole (its
 # chart 0.1.0, the fence without its label). The node tier upgrades an install
 # of it to today's chart with fences held (hack/build-first-release.sh rebuilds

@@ -35,7 +35,7 @@ async fn hook(args: HookArgs) -> anyhow::Result<ExitCode> {
         );
         return Ok(ExitCode::from(2));
     };
-    let timings = args.grace.timings;
+    let timings = plunger::test_hooks::hook_timings(args.grace.timings);
     let client = args.kube.client().await?;
     let config = HookConfig {
         install: Install::from_lease(&namespace, &args.leader_election_lease_name),
@@ -44,9 +44,8 @@ async fn hook(args: HookArgs) -> anyhow::Result<ExitCode> {
         pod_selector: args.pod_selector,
         lease: args.leader_election_lease_name,
         scope: args.scope.scope(),
-        retry_window: plunger::test_hooks::hook_retry_window_override()
-            .unwrap_or(timings.hook_retry_window),
-        pod_wait: plunger::test_hooks::hook_pod_wait_override().unwrap_or(timings.hook_pod_wait),
+        retry_window: timings.hook_retry_window,
+        pod_wait: timings.hook_pod_wait,
         finish_margin: timings.hook_finish_margin,
     };
     let report = run_hook(&client, &config).await;

@@ -139,17 +139,20 @@ pub struct TestHooks {
     >,
 }
 
-/// The pre-delete hook's retry window, shortened for tests of failures that
-/// persist (the real window is 180 s): `FLUX_PLUNGER_TEST_HOOK_RETRY_WINDOW_SECONDS`.
-pub fn hook_retry_window_override() -> Option<Duration> {
-    seconds_from("FLUX_PLUNGER_TEST_HOOK_RETRY_WINDOW_SECONDS")
-}
-
-/// The pre-delete hook's pod wait, shortened for tests of a pod stuck
-/// `Terminating` that need retries after the wait (the real wait is G + 10 s,
-/// at least 50 s): `FLUX_PLUNGER_TEST_HOOK_POD_WAIT_SECONDS`.
-pub fn hook_pod_wait_override() -> Option<Duration> {
-    seconds_from("FLUX_PLUNGER_TEST_HOOK_POD_WAIT_SECONDS")
+/// `timings` as the pre-delete hook runs with them: in a test build, the
+/// retry window shortened for tests of failures that persist (the real one is
+/// 180 s; `FLUX_PLUNGER_TEST_HOOK_RETRY_WINDOW_SECONDS`) and the pod wait for
+/// tests of a pod stuck `Terminating` that need retries after it (the real one
+/// is G + 10 s, at least 50 s; `FLUX_PLUNGER_TEST_HOOK_POD_WAIT_SECONDS`).
+/// In a release build, `timings` unchanged.
+pub fn hook_timings(timings: crate::timings::Timings) -> crate::timings::Timings {
+    crate::timings::Timings {
+        hook_retry_window: seconds_from("FLUX_PLUNGER_TEST_HOOK_RETRY_WINDOW_SECONDS")
+            .unwrap_or(timings.hook_retry_window),
+        hook_pod_wait: seconds_from("FLUX_PLUNGER_TEST_HOOK_POD_WAIT_SECONDS")
+            .unwrap_or(timings.hook_pod_wait),
+        ..timings
+    }
 }
 
 fn seconds_from(var: &str) -> Option<Duration> {
