@@ -251,7 +251,7 @@ $(BIN)/registry: $(REGISTRY_MOD) hack/tools/registry/main.go
 # minutes; warm: seconds.
 PROMTOOL_MOD := hack/tools/promtool/go.mod hack/tools/promtool/go.sum
 $(BIN)/promtool: $(PROMTOOL_MOD) hack/tools/promtool/tools.go
-	$(call step,building promtool from github.com/prometheus/prometheus (hack/tools/promtool; cold: about 10 minutes))
+	$(call step,building promtool from github.com/prometheus/prometheus (hack/tools/promtool; cold: about 8 minutes))
 	cd hack/tools/promtool && dir=$$(go list -m -f '{{.Dir}}' github.com/prometheus/prometheus) && \
 	  CGO_ENABLED=0 go build -trimpath -tags netgo,remove_all_sd \
 	  -ldflags="-s -w -X github.com/prometheus/common/version.Version=$$(cat "$$dir/VERSION")" \
@@ -316,7 +316,7 @@ $(CARGO_AUDITABLE_STAMP):
 	rm -f $(CARGO_ROOT)/.cargo-auditable-* && touch $@
 $(RUST_AUDIT_INFO_STAMP):
 	$(call step,installing rust-audit-info $(RUST_AUDIT_INFO_VERSION) into $(CARGO_ROOT))
-	cargo install --locked rust-audit-info@$(RUST_AUDIT_INFO_VERSION) --root $(CARGO_ROOT)
+	$(NICE_BESIDE_TESTS) cargo install --locked rust-audit-info@$(RUST_AUDIT_INFO_VERSION) --root $(CARGO_ROOT)
 	rm -f $(CARGO_ROOT)/.rust-audit-info-* && touch $@
 
 # Debian packages installed by name with apt-get when one is missing, a no-op
@@ -390,14 +390,16 @@ DIST_CA_FILE ?=
 DIST_DOCKER_CONFIG ?=
 DIST_DIR ?= $(OUT)/dist
 export DIST_REGISTRY DIST_COSIGN_KEY DIST_COSIGN_PUB DIST_CA_FILE DIST_DOCKER_CONFIG DIST_DIR
-DIST_PREREQUISITES := $(BIN)/cosign $(BIN)/helm $(CARGO_AUDITABLE_STAMP) $(RUST_AUDIT_INFO_STAMP) \
-	dist-packages rust-image-target rust-dist-target
+# What building the binaries of both platforms needs, and what make dist
+# needs besides.
+DIST_BUILD_PREREQUISITES := $(CARGO_AUDITABLE_STAMP) dist-packages rust-image-target rust-dist-target
+DIST_PREREQUISITES := $(DIST_BUILD_PREREQUISITES) $(BIN)/cosign $(BIN)/helm $(RUST_AUDIT_INFO_STAMP)
 
 # make dist's binaries for both platforms, built and checked ahead of it
 # (hack/dist.sh --binaries): make test builds them beside its tiers, at
 # NICE_BESIDE_TESTS, for make test-dist, whose make dist then finds them built.
 .PHONY: dist-binaries
-dist-binaries: image $(CARGO_AUDITABLE_STAMP) dist-packages rust-image-target rust-dist-target
+dist-binaries: image $(DIST_BUILD_PREREQUISITES)
 	$(call step,make dist's binaries for linux/amd64 and linux/arm64 (hack/dist.sh --binaries; cold: the arm64 build about 7 minutes on 2 cores))
 	CARGO_AUDITABLE=$(CARGO_AUDITABLE) CARGO_AUDITABLE_VERSION=$(CARGO_AUDITABLE_VERSION) \
 	  RUST_AUDIT_INFO_VERSION=$(RUST_AUDIT_INFO_VERSION) $(NICE_BESIDE_TESTS) hack/dist.sh --binaries
@@ -414,8 +416,9 @@ dist: $(DIST_PREREQUISITES) ## Build a release offline (the image for linux/amd6
 # The tiers of make test, in the order they run.
 TEST_TIERS := lint test-unit test-envtest test-chart test-bats e2e-build $(E2E_TIERS) test-node test-dist
 # make test runs its tiers one after another and, beside them, the builds of
-# what later tiers need: the tools in their lanes, and `make image` then `make
-# first-release` (for the node tier, at NICE_BESIDE_TESTS). The lanes bound
+# what later tiers need: the tools in their lanes, and `make image`, `make
+# first-release` then `make dist-binaries` (for the node and dist tiers, at
+# NICE_BESIDE_TESTS). The lanes bound
 # the builds; TEST_JOBS only has to be more than everything that may run at
 # once, so that no tier waits for a job.
 TEST_JOBS ?= 16
