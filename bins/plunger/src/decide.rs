@@ -11,6 +11,34 @@ use crate::notices::{self, AfterRecovery, EventSpec};
 use crate::release::view::{ProcessedVersion, ReleaseView};
 use crate::storage::view::StorageRevision;
 
+/// What [`decide`] answers: the decision, or what it must know first.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Answer {
+    Decided(Decision),
+    /// Read this, put it in [`Known`], and ask again.
+    Needs(Need),
+}
+
+/// What a decision may depend on that costs a request or a turn: asked for
+/// only when the decision does depend on it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Need {
+    /// The release's Helm storage, as [`StorageFacts`].
+    Storage,
+    /// A turn of the recovery rate limit (`--max-recoveries-per-minute`),
+    /// taken when the recovery is to start: asked last, so that a release
+    /// with nothing to reclaim spends none.
+    RecoveryTurn,
+}
+
+/// What the caller has read or taken for [`decide`], on its asking.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Known {
+    pub storage: Option<StorageFacts>,
+    /// `Err`: how long until the release's turn.
+    pub recovery_turn: Option<Result<(), Duration>>,
+}
+
 /// The next step for a release, decided from one fresh read.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Decision {
@@ -30,12 +58,18 @@ pub enum Decision {
         event: Option<EventSpec>,
         label_fence: bool,
     },
-    /// Stuck and not suspended (fenced at most while its recovery waits):
-    /// look at the Helm storage next.
-    InspectStorage,
-    /// What a delete needs next depends on the Helm storage: read it, then
-    /// [`decide_with_storage`].
-    ReadStorage,
+    /// A stuck release's recovery: start it, wait for its turn, or retry
+    /// it. Only a pass that may start recoveries gets this
+    /// ([`Context::may_recover`]).
+    Recover(Recovery),
+    /// Stuck, but the storage holds nothing to reclaim (or cannot be
+    /// reached for good): say so, and drop the fence the release carried
+    /// while it waited when `drop_fence` (SPEC §4.5).
+    Skip {
+        reason: SkipReason,
+        event: Option<EventSpec>,
+        drop_fence: bool,
+    },
     /// helm-controller's history is empty, so its deletion path would
     /// uninstall nothing: write `snapshot` (the newest live revision) to
     /// `status.history`, with `storage_namespace` when the status lost it,
@@ -52,6 +86,29 @@ pub enum Decision {
     /// Nothing can uninstall the release any more: drop the fence, and say
     /// what is left behind.
     ReleaseWithoutUninstall { event: EventSpec },
+    /// `--dry-run`: report what the decision would have written, and
+    /// record `event`; write nothing.
+    DryRun {
+        would: String,
+        event: Option<EventSpec>,
+    },
+}
+
+/// What a stuck release's recovery does next (SPEC §4).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Recovery {
+    /// Reclaim `target`, recording the uid of the revision below it.
+    Start {
+        target: StorageRevision,
+        below_uid: Option<String>,
+    },
+    /// The rate limit gives the release its turn after `retry_after`; fence
+    /// it meanwhile when `fence` (SPEC §4.5).
+    WaitForTurn { retry_after: Duration, fence: bool },
+    /// The storage may be readable later (a refused listing, a kubeconfig
+    /// Secret not created yet): fail the pass, so it is retried with
+    /// backoff, recording `event`.
+    Retry { event: Option<EventSpec> },
 }
 
 /// What follows the history write of [`Decision::HandOver`].
@@ -65,20 +122,39 @@ pub enum AfterHandOver {
     RequestReconcile,
 }
 
-/// What the Helm storage of a release being deleted holds, as far as its
+/// What the Helm storage of a release holds, as far as its recovery or its
 /// uninstall is concerned.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StorageFacts {
     Listed {
         /// The well-formed revisions, oldest first.
         revisions: Vec<StorageRevision>,
-        /// When helm-controller's history is empty and the newest revision
-        /// is live: its snapshot, or why none could be made from its payload.
+        /// For a release being deleted, when helm-controller's history is
+        /// empty and the newest revision is live: its snapshot, or why none
+        /// could be made from its payload.
         snapshot: Option<Result<Box<HistorySnapshot>, String>>,
     },
-    /// The storage cannot be read at all (a remote cluster flux-plunger
-    /// cannot use, access refused).
-    Unreadable { why: String },
+    /// The storage cannot be read, for this `cause`.
+    Unreadable { why: String, cause: Unreadable },
+}
+
+/// Why a release's Helm storage cannot be read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unreadable {
+    /// The remote cluster's kubeconfig Secret is not there (yet): Cluster
+    /// API and other provisioners create it after the release.
+    KubeconfigMissing,
+    /// The kubeconfig Secret is there and wrong: nothing changes until
+    /// someone fixes it.
+    RemoteClusterUnusable,
+    /// helm-controller, acting for the release, could not reach the
+    /// storage: nor may flux-plunger (`storage::reach`).
+    OutOfReach,
+    /// Listing or reading the storage was refused.
+    AccessRefused,
+    /// Reading it failed on every try for as long as a delete is held
+    /// before the warning ([`storage_given_up`]).
+    GivenUp,
 }
 
 /// Which revision a Helm uninstall of the storage would act on.
@@ -110,9 +186,10 @@ fn is_live(revision: &StorageRevision) -> bool {
     revision.status != "uninstalled"
 }
 
-/// What `decide` needs besides the release.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Clock {
+/// What `decide` knows besides the release and what it asked for: the
+/// clock, and how this process runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Context {
     /// How long the release has been terminating (since its deletionTimestamp).
     pub terminating_for: Option<Duration>,
     /// How long ago we last warned that this release's delete is held.
@@ -121,9 +198,10 @@ pub struct Clock {
     pub fence_recheck_interval: Duration,
     /// How long a delete may be held before we warn (SPEC §5e).
     pub fence_held_warning_after: Duration,
-    /// How long the storage read a decision on this release needs has
-    /// failed on every try; `None` while it does not.
-    pub storage_failing_for: Option<Duration>,
+    /// Since when, and with what last error, the storage read a decision on
+    /// this release being deleted needs has failed on every try; `None`
+    /// while it does not.
+    pub storage_failure: Option<StorageFailing>,
     /// Whether the fence stays on a stuck release while its recovery waits
     /// (SPEC §4.5): the controller's passes; the drain lets go of every
     /// live release instead, as its pod is going away.
@@ -132,60 +210,236 @@ pub struct Clock {
     /// install's is left to that install; one this install keeps is
     /// labelled as its own.
     pub fence_holder: FenceHolder,
+    /// Whether this pass may start a recovery: the controller's reconcile
+    /// does; a settle (the undo after a failed step, the drain) never.
+    pub may_recover: bool,
+    /// `--dry-run`: every decision that would write becomes
+    /// [`Decision::DryRun`].
+    pub dry_run: bool,
+    /// `--max-recoveries-per-minute` is set: a recovery starts only on a
+    /// turn of the rate limit ([`Need::RecoveryTurn`]).
+    pub rate_limited: bool,
 }
 
-/// SPEC §4 steps 2-5 and §5: the decision for one fresh read of a release.
-/// [`Decision::ReadStorage`] when a delete needs what the storage holds.
-pub fn decide(release: &ReleaseView, clock: &Clock) -> Decision {
-    decide_from(release, None, clock)
+/// A storage read that has failed on every try since a while.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StorageFailing {
+    pub failing_for: Duration,
+    pub last_error: String,
 }
 
-/// [`decide`], knowing the Helm storage of the release: never
-/// [`Decision::ReadStorage`].
-pub fn decide_with_storage(
-    release: &ReleaseView,
-    storage: &StorageFacts,
-    clock: &Clock,
-) -> Decision {
-    decide_from(release, Some(storage), clock)
+/// SPEC §4 steps 2-7 and §5: the decision for one fresh read of a release,
+/// or what it needs to know first.
+pub fn decide(release: &ReleaseView, known: &Known, context: &Context) -> Answer {
+    match decide_from(release, known, context) {
+        Answer::Decided(decision) if context.dry_run => Answer::Decided(as_dry_run(decision)),
+        answer => answer,
+    }
 }
 
-fn decide_from(release: &ReleaseView, storage: Option<&StorageFacts>, clock: &Clock) -> Decision {
-    if release.has_fence() && clock.fence_holder == FenceHolder::AnotherInstall {
+fn decide_from(release: &ReleaseView, known: &Known, context: &Context) -> Answer {
+    if release.has_fence() && context.fence_holder == FenceHolder::AnotherInstall {
         // SPEC §3: another install fenced it, and settles it wherever the
         // release is now; its suspension, if any, came with that fence.
-        return Decision::Nothing { event: None };
+        return Answer::Decided(Decision::Nothing { event: None });
     }
     if release.terminating {
-        return decide_terminating(release, storage, clock);
+        let storage = known_storage(known, context);
+        return match decide_terminating(release, storage.as_ref(), context) {
+            Some(decision) => Answer::Decided(decision),
+            None => Answer::Needs(Need::Storage),
+        };
     }
-    let holds_fence = clock.holds_waiting_releases
+    let holds_fence = context.holds_waiting_releases
         && (awaits_recovery(release) || keeps_fence_through_a_retry(release));
     if release.suspend {
         if release.suspend_owned_by_us() {
             // Ours on a live release: an earlier run (or this pass's failed
             // step) stopped mid-recovery. Lift it, and nothing else in this
             // pass; the fence stays only while the recovery is to come.
-            return Decision::Lift {
+            return Answer::Decided(Decision::Lift {
                 keep_fence: holds_fence,
-            };
+            });
         }
         let event = notices::suspension_not_owned(release);
-        return if release.has_fence() {
+        return Answer::Decided(if release.has_fence() {
             Decision::DropFence { event: Some(event) }
         } else {
             Decision::Nothing { event: Some(event) }
-        };
+        });
     }
     if release.has_fence() && !holds_fence {
         // A fence without a suspension protects nothing, but a stuck release
         // waiting for its recovery (§4.5).
-        return Decision::DropFence { event: None };
+        return Answer::Decided(Decision::DropFence { event: None });
     }
-    if !awaits_recovery(release) {
-        return Decision::Nothing { event: None };
+    if !awaits_recovery(release) || !context.may_recover {
+        return Answer::Decided(Decision::Nothing { event: None });
     }
-    Decision::InspectStorage
+    let Some(storage) = &known.storage else {
+        return Answer::Needs(Need::Storage);
+    };
+    decide_recovery(release, storage, known.recovery_turn, context)
+}
+
+/// SPEC §4 steps 6-7 and the rate limit: what the storage of a stuck release
+/// holds decides whether, and what, its recovery reclaims.
+fn decide_recovery(
+    release: &ReleaseView,
+    storage: &StorageFacts,
+    turn: Option<Result<(), Duration>>,
+    context: &Context,
+) -> Answer {
+    let revisions = match storage {
+        StorageFacts::Listed { revisions, .. } => revisions,
+        StorageFacts::Unreadable { why, cause } => {
+            let why = why.clone();
+            return Answer::Decided(match cause {
+                // Its creation wakes no watch of ours: retried with backoff,
+                // with a warning.
+                Unreadable::KubeconfigMissing => Decision::Recover(Recovery::Retry {
+                    event: Some(notices::remote_kubeconfig_missing(release, &why)),
+                }),
+                Unreadable::AccessRefused | Unreadable::GivenUp => {
+                    Decision::Recover(Recovery::Retry { event: None })
+                }
+                // Nothing changes until someone fixes the Secret or the
+                // release, and their edit wakes it.
+                Unreadable::RemoteClusterUnusable => skip(
+                    release,
+                    Some(notices::remote_cluster_unusable(release, &why)),
+                    SkipReason::RemoteClusterUnusable { why },
+                    context,
+                ),
+                Unreadable::OutOfReach => skip(
+                    release,
+                    Some(notices::storage_out_of_reach(release, &why)),
+                    SkipReason::StorageOutOfReach { why },
+                    context,
+                ),
+            });
+        }
+    };
+    let target = match plan_recovery(release, revisions) {
+        RecoveryPlan::Reclaim(target) => target,
+        RecoveryPlan::Skip(reason) => return Answer::Decided(skip(release, None, reason, context)),
+    };
+    if context.dry_run {
+        let would = format!(
+            "suspend {} with the uninstall fence, annotate revision {}, delete Helm storage Secret {}/{} (status {:?}), then lift the suspension and the fence",
+            release.key(),
+            target.revision,
+            target.namespace,
+            target.name,
+            target.status
+        );
+        let event = notices::recovery_dry_run(&would);
+        return Answer::Decided(Decision::DryRun {
+            would,
+            event: Some(event),
+        });
+    }
+    if context.rate_limited {
+        match turn {
+            None => return Answer::Needs(Need::RecoveryTurn),
+            Some(Err(retry_after)) => {
+                return Answer::Decided(Decision::Recover(Recovery::WaitForTurn {
+                    retry_after,
+                    fence: !release.has_fence(),
+                }));
+            }
+            Some(Ok(())) => {}
+        }
+    }
+    let below_uid = revision_below(revisions, &target).map(|r| r.uid.clone());
+    Answer::Decided(Decision::Recover(Recovery::Start { target, below_uid }))
+}
+
+/// A stuck release whose storage holds nothing to reclaim has no recovery
+/// to wait for: the fence it carried while it waited goes (SPEC §4.5).
+fn skip(
+    release: &ReleaseView,
+    event: Option<EventSpec>,
+    reason: SkipReason,
+    context: &Context,
+) -> Decision {
+    Decision::Skip {
+        reason,
+        event,
+        drop_fence: release.has_fence() && !context.dry_run,
+    }
+}
+
+/// The storage as known, or as given up on ([`storage_given_up`]) when
+/// reading it has failed long enough.
+fn known_storage(known: &Known, context: &Context) -> Option<StorageFacts> {
+    if let Some(storage) = &known.storage {
+        return Some(storage.clone());
+    }
+    let failing = context.storage_failure.as_ref()?;
+    storage_given_up(context).then(|| StorageFacts::Unreadable {
+        why: format!(
+            "reading its storage failed on every try for {}s: {}",
+            context.fence_held_warning_after.as_secs(),
+            failing.last_error
+        ),
+        cause: Unreadable::GivenUp,
+    })
+}
+
+/// `--dry-run`: a decision that would write is reported instead, with the
+/// event it would record where that event reports what was found rather
+/// than what was done; a held fence is still held (nothing is written to
+/// hold it), its label left as it is.
+fn as_dry_run(decision: Decision) -> Decision {
+    match decision {
+        Decision::HoldFence { recheck, event, .. } => Decision::HoldFence {
+            recheck,
+            event,
+            label_fence: false,
+        },
+        decision => match would_write(&decision) {
+            Some(would) => Decision::DryRun {
+                would,
+                event: match decision {
+                    Decision::DropFence { event } => event,
+                    _ => None,
+                },
+            },
+            None => decision,
+        },
+    }
+}
+
+/// What a decision would write, for `--dry-run`; `None` for no write.
+fn would_write(decision: &Decision) -> Option<String> {
+    match decision {
+        Decision::Lift { keep_fence: true } => {
+            Some("lift flux-plunger's suspension and keep the fence".to_owned())
+        }
+        Decision::Lift { keep_fence: false } => {
+            Some("lift flux-plunger's suspension and the fence".to_owned())
+        }
+        Decision::DropFence { .. } => Some("remove the uninstall fence".to_owned()),
+        Decision::HandOver { snapshot, then, .. } => Some(format!(
+            "write revision {} ({}) to status.history for helm-controller's uninstall, then {}",
+            snapshot.version,
+            snapshot.full_name(),
+            match then {
+                AfterHandOver::Lift { .. } => "lift flux-plunger's suspension",
+                AfterHandOver::RequestReconcile => "ask helm-controller to reconcile",
+            }
+        )),
+        Decision::RequestReconcile => Some("ask helm-controller to reconcile".to_owned()),
+        Decision::ReleaseWithoutUninstall { .. } => {
+            Some("remove the uninstall fence without an uninstall".to_owned())
+        }
+        Decision::Nothing { .. }
+        | Decision::HoldFence { .. }
+        | Decision::Recover(_)
+        | Decision::Skip { .. }
+        | Decision::DryRun { .. } => None,
+    }
 }
 
 /// A live release flux-plunger means to recover: stuck, and not opted out.
@@ -205,8 +459,8 @@ fn keeps_fence_through_a_retry(release: &ReleaseView) -> bool {
 fn decide_terminating(
     release: &ReleaseView,
     storage: Option<&StorageFacts>,
-    clock: &Clock,
-) -> Decision {
+    context: &Context,
+) -> Option<Decision> {
     if release.suspend && release.suspend_owned_by_us() {
         // helm-controller must see an unsuspended generation to uninstall;
         // the fence keeps the release until it has.
@@ -214,17 +468,17 @@ fn decide_terminating(
         // means keep the fence only where it already is.
         let keep_fence = release.has_fence();
         if release.has_history {
-            return Decision::Lift { keep_fence };
+            return Some(Decision::Lift { keep_fence });
         }
         // Its history was cleared (the stuck state): hand it the newest live
         // revision before the lift, or its deletion path uninstalls nothing.
         // Whatever stands in the way, the suspension is lifted: ours must
         // never be what skips the uninstall, and §5d then says what is left.
-        let Some(storage) = storage else {
-            return Decision::ReadStorage;
-        };
-        return hand_over(release, storage, AfterHandOver::Lift { keep_fence })
-            .unwrap_or(Decision::Lift { keep_fence });
+        let storage = storage?;
+        return Some(
+            hand_over(release, storage, AfterHandOver::Lift { keep_fence })
+                .unwrap_or(Decision::Lift { keep_fence }),
+        );
     }
     if release.suspend {
         // Another manager suspended, then deleted: its decision to skip the
@@ -232,79 +486,78 @@ fn decide_terminating(
         // release before: then the suspension is most likely one an older
         // flux-plunger left behind, and the skipped uninstall an accident.
         let event = notices::terminating_while_suspended(release);
-        return if release.has_fence() {
+        return Some(if release.has_fence() {
             Decision::DropFence { event: Some(event) }
         } else {
             Decision::Nothing { event: Some(event) }
-        };
+        });
     }
     if !release.has_fence() {
-        return Decision::Nothing { event: None };
+        return Some(Decision::Nothing { event: None });
     }
     if !release.fence_owned_by_us() {
         // Somebody else's copy of the fence: holding, handing over, asking
         // for a reconcile or reclaiming on its word would let whoever can
         // create a release drive flux-plunger's reads and deletes. It is
         // only removed.
-        return Decision::DropFence { event: None };
+        return Some(Decision::DropFence { event: None });
     }
     if !release.delete_handled_by_helm_controller() || release.reconcile_request_pending() {
-        return hold(release, clock);
+        return Some(hold(release, context));
     }
     if release.reported_uninstall_succeeded() {
-        return Decision::DropFence { event: None };
+        return Some(Decision::DropFence { event: None });
     }
     // helm-controller finished without reporting an uninstall: its pass
     // over a cleared history (`ErrNoLatest`) looks just like this. Whether
     // anything is left to uninstall, only the storage says.
-    let Some(storage) = storage else {
-        return Decision::ReadStorage;
-    };
+    let storage = storage?;
     let revisions = match storage {
-        StorageFacts::Unreadable { why } => {
+        StorageFacts::Unreadable { why, .. } => {
             // A refused read, or a kubeconfig Secret missing for a moment
             // (credentials rotated, a short-lived token), may pass, and
             // helm-controller, with the same kubeconfig, retries: the fence
             // holds for as long as a delete is held before anyone is warned.
-            if !held_until_warned(clock) {
-                return hold(release, clock);
+            if !held_until_warned(context) {
+                return Some(hold(release, context));
             }
-            return let_go(
+            return Some(let_go(
                 release,
                 &format!("its Helm storage cannot be read ({why})"),
                 "whatever it installed",
-            );
+            ));
         }
         StorageFacts::Listed { revisions, .. } => revisions,
     };
     if uninstall_target(revisions) == UninstallTarget::Nothing {
-        return Decision::DropFence { event: None };
+        return Some(Decision::DropFence { event: None });
     }
     let live: Vec<&StorageRevision> = revisions.iter().filter(|r| is_live(r)).collect();
     if release.our_reconcile_request_handled() {
         // helm-controller handled the history flux-plunger handed it. Kept,
         // it is retrying a failed uninstall; cleared, it let the release go
         // without one, and nothing else will uninstall it.
-        return if release.has_history {
-            hold(release, clock)
+        return Some(if release.has_history {
+            hold(release, context)
         } else {
             let_go(
                 release,
                 "helm-controller cleared the history flux-plunger handed it without uninstalling",
                 &describe_revisions(&live),
             )
-        };
+        });
     }
     if release.has_history {
-        return Decision::RequestReconcile;
+        return Some(Decision::RequestReconcile);
     }
-    hand_over(release, storage, AfterHandOver::RequestReconcile).unwrap_or_else(|why| {
+    let hand_over = hand_over(release, storage, AfterHandOver::RequestReconcile);
+    Some(hand_over.unwrap_or_else(|why| {
         let_go(
             release,
             &format!("no history can be handed to helm-controller ({why})"),
             &describe_revisions(&live),
         )
-    })
+    }))
 }
 
 /// The history hand-over for a release being deleted, or why there is none.
@@ -318,7 +571,7 @@ fn hand_over(
             revisions,
             snapshot,
         } => (revisions, snapshot),
-        StorageFacts::Unreadable { why } => {
+        StorageFacts::Unreadable { why, .. } => {
             return Err(format!("its Helm storage cannot be read: {why}"));
         }
     };
@@ -375,32 +628,34 @@ fn describe_revisions(revisions: &[&StorageRevision]) -> String {
 /// counts as unreadable, so nothing is handed over, our suspension is lifted
 /// and the fence let go with a Warning. Retrying the same step for ever
 /// would keep the release Terminating, under our suspension, for good.
-pub fn storage_given_up(clock: &Clock) -> bool {
-    clock
-        .storage_failing_for
-        .is_some_and(|failing| failing >= clock.fence_held_warning_after)
+pub fn storage_given_up(context: &Context) -> bool {
+    context
+        .storage_failure
+        .as_ref()
+        .is_some_and(|failing| failing.failing_for >= context.fence_held_warning_after)
 }
 
 /// The delete has been held as long as SPEC §5e lets it be before warning.
-fn held_until_warned(clock: &Clock) -> bool {
-    clock
+fn held_until_warned(context: &Context) -> bool {
+    context
         .terminating_for
-        .is_some_and(|held| held >= clock.fence_held_warning_after)
+        .is_some_and(|held| held >= context.fence_held_warning_after)
 }
 
 /// Keeps the fence and looks again later, warning once the delete has been
 /// held long (SPEC §5e).
-fn hold(release: &ReleaseView, clock: &Clock) -> Decision {
-    let held_long = held_until_warned(clock);
-    let warned_recently = clock
+fn hold(release: &ReleaseView, context: &Context) -> Decision {
+    let held_long = held_until_warned(context);
+    let warned_recently = context
         .since_last_fence_warning
-        .is_some_and(|since| since < clock.fence_recheck_interval);
-    let event = (held_long && !warned_recently)
-        .then(|| notices::uninstall_fence_held(release, clock.terminating_for.unwrap_or_default()));
+        .is_some_and(|since| since < context.fence_recheck_interval);
+    let event = (held_long && !warned_recently).then(|| {
+        notices::uninstall_fence_held(release, context.terminating_for.unwrap_or_default())
+    });
     Decision::HoldFence {
-        recheck: clock.fence_recheck_interval,
+        recheck: context.fence_recheck_interval,
         event,
-        label_fence: clock.fence_holder != FenceHolder::ThisInstall,
+        label_fence: context.fence_holder != FenceHolder::ThisInstall,
     }
 }
 

@@ -98,36 +98,68 @@ fn terminating(mut r: ReleaseView) -> ReleaseView {
     r
 }
 
-fn clock() -> Clock {
-    Clock {
+/// What `decide` answers before anything is read.
+const NEEDS_STORAGE: Answer = Answer::Needs(Need::Storage);
+
+/// `decide` before anything is read, when that decides.
+fn decide(r: &ReleaseView, context: &Context) -> Decision {
+    decided(super::decide(r, &Known::default(), context))
+}
+
+/// What `decide` answers before anything is read.
+fn asks(r: &ReleaseView, context: &Context) -> Answer {
+    super::decide(r, &Known::default(), context)
+}
+
+/// `decide`, knowing the storage (and given a turn, when it asks for one).
+fn decide_with_storage(r: &ReleaseView, storage: &StorageFacts, context: &Context) -> Decision {
+    let known = Known {
+        storage: Some(storage.clone()),
+        recovery_turn: Some(Ok(())),
+    };
+    decided(super::decide(r, &known, context))
+}
+
+fn decided(answer: Answer) -> Decision {
+    match answer {
+        Answer::Decided(decision) => decision,
+        Answer::Needs(need) => panic!("decide needs {need:?}"),
+    }
+}
+
+fn clock() -> Context {
+    Context {
         terminating_for: None,
         since_last_fence_warning: None,
         fence_recheck_interval: MINUTE,
         fence_held_warning_after: 10 * MINUTE,
-        storage_failing_for: None,
+        storage_failure: None,
         holds_waiting_releases: true,
         fence_holder: FenceHolder::ThisInstall,
+        may_recover: true,
+        dry_run: false,
+        rate_limited: false,
     }
 }
 
 /// As decided by an install whose fence's label the release does not carry.
-fn fence_labelled_as(holder: FenceHolder) -> Clock {
-    Clock {
+fn fence_labelled_as(holder: FenceHolder) -> Context {
+    Context {
         fence_holder: holder,
         ..clock()
     }
 }
 
 /// As the drain decides: it lets go of every live release.
-fn draining() -> Clock {
-    Clock {
+fn draining() -> Context {
+    Context {
         holds_waiting_releases: false,
         ..clock()
     }
 }
 
-fn held_for(held: Duration, warned: Option<Duration>) -> Clock {
-    Clock {
+fn held_for(held: Duration, warned: Option<Duration>) -> Context {
+    Context {
         terminating_for: Some(held),
         since_last_fence_warning: warned,
         ..clock()
@@ -171,10 +203,7 @@ fn a_ready_true_release_mentioning_the_message_is_not_stuck() {
 
 #[test]
 fn a_stuck_clean_release_goes_on_to_its_storage() {
-    assert_eq!(
-        decide(&stuck(release()), &clock()),
-        Decision::InspectStorage
-    );
+    assert_eq!(asks(&stuck(release()), &clock()), NEEDS_STORAGE);
 }
 
 #[test]
@@ -200,10 +229,7 @@ fn the_drain_lifts_our_suspension_and_the_fence_of_a_stuck_release_together() {
 
 #[test]
 fn a_stuck_release_fenced_while_its_recovery_waits_goes_on_to_its_storage() {
-    assert_eq!(
-        decide(&stuck(fenced(release())), &clock()),
-        Decision::InspectStorage
-    );
+    assert_eq!(asks(&stuck(fenced(release())), &clock()), NEEDS_STORAGE);
 }
 
 /// helm-controller's retry of a stuck release, while its action runs.
@@ -344,7 +370,7 @@ fn a_fence_without_a_suspension_is_dropped_and_nothing_else_happens() {
 fn a_suspension_whose_value_is_false_is_no_suspension() {
     let mut r = stuck(release());
     r.managed_fields.push(entry("flux-plunger", "Apply", true));
-    assert_eq!(decide(&r, &clock()), Decision::InspectStorage);
+    assert_eq!(asks(&r, &clock()), NEEDS_STORAGE);
 }
 
 // --- terminating releases (SPEC §5) ---
@@ -492,8 +518,8 @@ fn another_installs_label_without_its_fence_stops_nothing() {
     let mut r = stuck(release());
     r.fence_label = Some("tenant-b.flux-plunger".into());
     assert_eq!(
-        decide(&r, &fence_labelled_as(FenceHolder::AnotherInstall)),
-        Decision::InspectStorage
+        asks(&r, &fence_labelled_as(FenceHolder::AnotherInstall)),
+        NEEDS_STORAGE
     );
 }
 
@@ -537,7 +563,14 @@ fn a_held_delete_warns_at_most_once_per_recheck_interval() {
 #[test]
 fn a_terminating_stuck_release_never_starts_a_recovery() {
     let r = terminating(stuck(release()));
-    assert_ne!(decide(&r, &clock()), Decision::InspectStorage);
+    let known = Known {
+        storage: Some(listed(&[revision(2, "uninstalling")])),
+        recovery_turn: Some(Ok(())),
+    };
+    assert_eq!(
+        super::decide(&r, &known, &clock()),
+        Answer::Decided(Decision::Nothing { event: None })
+    );
 }
 
 // --- the uninstall of a release deleted with an empty history (SPEC §5a, §5d) ---
@@ -578,7 +611,7 @@ fn hand_over_of(decision: &Decision) -> (&HistorySnapshot, Option<&str>, AfterHa
 #[test]
 fn our_suspension_on_a_deleted_release_with_an_empty_history_waits_for_its_storage() {
     let r = terminating(fenced(ours(stuck(release()))));
-    assert_eq!(decide(&r, &clock()), Decision::ReadStorage);
+    assert_eq!(asks(&r, &clock()), NEEDS_STORAGE);
 }
 
 #[test]
@@ -647,6 +680,7 @@ fn with_nothing_to_hand_over_our_suspension_is_still_lifted() {
         listed(&[revision(1, "uninstalled")]),
         StorageFacts::Unreadable {
             why: "forbidden".into(),
+            cause: Unreadable::AccessRefused,
         },
         unreadable_payload,
     ] {
@@ -671,14 +705,14 @@ fn an_uninstall_reported_for_an_older_generation_does_not_count() {
         reason: "UninstallSucceeded".into(),
         observed_generation: Some(4),
     });
-    assert_eq!(decide(&r, &clock()), Decision::ReadStorage);
+    assert_eq!(asks(&r, &clock()), NEEDS_STORAGE);
 }
 
 #[test]
 fn after_helm_controller_s_pass_over_an_empty_history_the_history_is_handed_over_with_a_reconcile_request()
  {
     let r = handled_by_helm_controller(terminating(fenced(release())), false);
-    assert_eq!(decide(&r, &clock()), Decision::ReadStorage);
+    assert_eq!(asks(&r, &clock()), NEEDS_STORAGE);
     let decision = decide_with_storage(&r, &stuck_storage(), &clock());
     let (snapshot, storage_namespace, then) = hand_over_of(&decision);
     assert_eq!(snapshot.version, 2);
@@ -785,6 +819,7 @@ fn a_release_nothing_can_uninstall_is_let_go_with_the_reason() {
         (
             StorageFacts::Unreadable {
                 why: "the remote cluster is unreachable".into(),
+                cause: Unreadable::RemoteClusterUnusable,
             },
             "its Helm storage cannot be read (the remote cluster is unreachable)",
         ),
@@ -814,6 +849,7 @@ fn storage_that_cannot_be_read_holds_the_fence_until_the_warning_threshold() {
     let r = handled_by_helm_controller(terminating(fenced(release())), false);
     let unreadable = StorageFacts::Unreadable {
         why: "listing namespace apps: 403 Forbidden".into(),
+        cause: Unreadable::AccessRefused,
     };
     for held in [Duration::ZERO, MINUTE, 10 * MINUTE - Duration::from_secs(1)] {
         assert!(
@@ -982,7 +1018,7 @@ fn row_has_no_deployed_releases_over_a_newest_uninstalling_uninstalled_or_unknow
 fn row_an_install_refused_over_a_newest_uninstalled_revision_above_live_ones_reclaims_that_one() {
     for r in refused_install() {
         assert!(r.is_stuck(), "{:?}", r.ready);
-        assert_eq!(decide(&r, &clock()), Decision::InspectStorage);
+        assert_eq!(asks(&r, &clock()), NEEDS_STORAGE);
         assert_eq!(
             plan_recovery(&r, &[revision(1, "superseded"), revision(2, "uninstalled")]),
             RecoveryPlan::Reclaim(revision(2, "uninstalled"))
@@ -1037,7 +1073,7 @@ fn row_a_state_helm_controller_cannot_determine_over_uninstalling_or_unknown_rec
     for status in ["uninstalling", "unknown"] {
         let r = undetermined(status);
         assert!(r.is_stuck(), "{status}");
-        assert_eq!(decide(&r, &clock()), Decision::InspectStorage, "{status}");
+        assert_eq!(asks(&r, &clock()), NEEDS_STORAGE, "{status}");
         assert_eq!(
             plan_recovery(&r, &[revision(1, status)]),
             RecoveryPlan::Reclaim(revision(1, status)),
@@ -1145,7 +1181,7 @@ fn a_stuck_release_opted_out_by_its_annotation_is_not_recovered() {
     assert_eq!(decide(&r, &clock()), Decision::Nothing { event: None });
     r.annotations
         .insert(crate::names::RECOVER_ANNOTATION.into(), "enabled".into());
-    assert_eq!(decide(&r, &clock()), Decision::InspectStorage);
+    assert_eq!(asks(&r, &clock()), NEEDS_STORAGE);
 }
 
 #[test]
@@ -1405,13 +1441,16 @@ fn a_deleted_release_whose_fence_is_not_ours_is_only_let_go_of_the_fence() {
 fn under_our_suspension_a_fence_listed_again_by_another_manager_is_still_ours() {
     let release = terminating(fenced_by(ours(stuck(release())), "kubectl-patch", "Update"));
     assert!(release.fence_owned_by_us());
-    assert_eq!(decide(&release, &clock()), Decision::ReadStorage);
+    assert_eq!(asks(&release, &clock()), NEEDS_STORAGE);
 }
 
 #[test]
 fn storage_steps_that_fail_for_as_long_as_a_delete_is_held_before_the_warning_are_given_up() {
-    let failing = |failing: Option<Duration>| Clock {
-        storage_failing_for: failing,
+    let failing = |failing: Option<Duration>| Context {
+        storage_failure: failing.map(|failing_for| StorageFailing {
+            failing_for,
+            last_error: "500".into(),
+        }),
         ..clock()
     };
     assert!(!storage_given_up(&failing(None)), "not failing");
@@ -1420,4 +1459,268 @@ fn storage_steps_that_fail_for_as_long_as_a_delete_is_held_before_the_warning_ar
         "retried until the bound"
     );
     assert!(storage_given_up(&failing(Some(10 * MINUTE))));
+}
+
+fn dry_run() -> Context {
+    Context {
+        dry_run: true,
+        ..clock()
+    }
+}
+
+fn rate_limited() -> Context {
+    Context {
+        rate_limited: true,
+        ..clock()
+    }
+}
+
+fn knowing(storage: StorageFacts, recovery_turn: Option<Result<(), Duration>>) -> Known {
+    Known {
+        storage: Some(storage),
+        recovery_turn,
+    }
+}
+
+fn unreadable(cause: Unreadable) -> StorageFacts {
+    StorageFacts::Unreadable {
+        why: "the reason".into(),
+        cause,
+    }
+}
+
+#[test]
+fn a_stuck_release_whose_storage_explains_it_starts_its_recovery_on_the_newest_revision() {
+    assert_eq!(
+        decide_with_storage(&stuck(release()), &stuck_storage(), &clock()),
+        Decision::Recover(Recovery::Start {
+            target: revision(2, "uninstalling"),
+            below_uid: Some("s-1".into()),
+        })
+    );
+}
+
+#[test]
+fn a_settle_never_starts_a_recovery() {
+    let settling = Context {
+        may_recover: false,
+        ..clock()
+    };
+    for r in [stuck(release()), stuck(fenced(release()))] {
+        assert_eq!(
+            super::decide(&r, &knowing(stuck_storage(), Some(Ok(()))), &settling),
+            Answer::Decided(Decision::Nothing { event: None })
+        );
+    }
+}
+
+#[test]
+fn under_the_rate_limit_a_recovery_asks_for_its_turn_only_once_it_has_a_revision_to_reclaim() {
+    let r = stuck(release());
+    assert_eq!(asks(&r, &rate_limited()), NEEDS_STORAGE);
+    assert_eq!(
+        super::decide(&r, &knowing(stuck_storage(), None), &rate_limited()),
+        Answer::Needs(Need::RecoveryTurn)
+    );
+    assert_eq!(
+        super::decide(&r, &knowing(listed(&[]), None), &rate_limited()),
+        Answer::Decided(Decision::Skip {
+            reason: SkipReason::NoRevisions,
+            event: None,
+            drop_fence: false,
+        }),
+        "nothing to reclaim spends no turn"
+    );
+    assert!(matches!(
+        super::decide(&r, &knowing(stuck_storage(), Some(Ok(()))), &rate_limited()),
+        Answer::Decided(Decision::Recover(Recovery::Start { .. }))
+    ));
+    assert_eq!(
+        super::decide(&r, &knowing(stuck_storage(), None), &clock()),
+        super::decide(&r, &knowing(stuck_storage(), Some(Ok(()))), &clock()),
+        "without a limit no turn is asked for"
+    );
+}
+
+#[test]
+fn a_recovery_turned_away_by_the_rate_limit_waits_fenced() {
+    let turned_away = Some(Err(Duration::from_secs(20)));
+    let waits =
+        |r: ReleaseView| super::decide(&r, &knowing(stuck_storage(), turned_away), &rate_limited());
+    assert_eq!(
+        waits(stuck(release())),
+        Answer::Decided(Decision::Recover(Recovery::WaitForTurn {
+            retry_after: Duration::from_secs(20),
+            fence: true,
+        }))
+    );
+    assert_eq!(
+        waits(stuck(fenced(release()))),
+        Answer::Decided(Decision::Recover(Recovery::WaitForTurn {
+            retry_after: Duration::from_secs(20),
+            fence: false,
+        })),
+        "fenced already"
+    );
+}
+
+#[test]
+fn a_stuck_release_with_nothing_to_reclaim_is_skipped_and_drops_the_fence_it_waited_with() {
+    let skipped = |r: ReleaseView, context: &Context| {
+        decide_with_storage(&r, &listed(&[revision(1, "deployed")]), context)
+    };
+    let skip = |drop_fence| Decision::Skip {
+        reason: SkipReason::LatestIsDeployed { latest: 1 },
+        event: None,
+        drop_fence,
+    };
+    assert_eq!(skipped(stuck(release()), &clock()), skip(false));
+    assert_eq!(skipped(stuck(fenced(release())), &clock()), skip(true));
+    assert_eq!(
+        skipped(stuck(fenced(release())), &dry_run()),
+        skip(false),
+        "a dry run writes nothing"
+    );
+}
+
+#[test]
+fn the_storage_of_a_stuck_release_that_cannot_be_read_is_retried_or_skipped_by_its_cause() {
+    let r = stuck(fenced(release()));
+    let by = |cause| decide_with_storage(&r, &unreadable(cause), &clock());
+    let Decision::Recover(Recovery::Retry { event: Some(event) }) =
+        by(Unreadable::KubeconfigMissing)
+    else {
+        panic!("{:?}", by(Unreadable::KubeconfigMissing))
+    };
+    assert!(event.warning && event.note.contains("(the reason); flux-plunger retries"));
+    assert_eq!(
+        by(Unreadable::AccessRefused),
+        Decision::Recover(Recovery::Retry { event: None })
+    );
+    for (cause, reason) in [
+        (
+            Unreadable::RemoteClusterUnusable,
+            SkipReason::RemoteClusterUnusable {
+                why: "the reason".into(),
+            },
+        ),
+        (
+            Unreadable::OutOfReach,
+            SkipReason::StorageOutOfReach {
+                why: "the reason".into(),
+            },
+        ),
+    ] {
+        let decision = by(cause);
+        let Decision::Skip {
+            reason: skipped,
+            event: Some(event),
+            drop_fence: true,
+        } = &decision
+        else {
+            panic!("{decision:?}")
+        };
+        assert_eq!(skipped, &reason);
+        assert!(
+            event.warning && event.note.contains("the reason"),
+            "{}",
+            event.note
+        );
+    }
+}
+
+#[test]
+fn a_dry_run_reports_the_recovery_it_would_run_without_asking_for_a_turn() {
+    let r = stuck(release());
+    let dry_and_limited = Context {
+        rate_limited: true,
+        ..dry_run()
+    };
+    let answer = super::decide(&r, &knowing(stuck_storage(), None), &dry_and_limited);
+    let Answer::Decided(Decision::DryRun {
+        would,
+        event: Some(event),
+    }) = &answer
+    else {
+        panic!("{answer:?}")
+    };
+    assert!(
+        would.contains("annotate revision 2")
+            && would.contains("delete Helm storage Secret apps/sh.helm.release.v1.web.v2"),
+        "{would}"
+    );
+    assert!(
+        !event.warning && event.note.contains(would.as_str()),
+        "{}",
+        event.note
+    );
+}
+
+#[test]
+fn a_dry_run_reports_every_write_and_still_holds_a_fence() {
+    let lift = decide(&ours(release()), &dry_run());
+    assert_eq!(
+        lift,
+        Decision::DryRun {
+            would: "lift flux-plunger's suspension and the fence".into(),
+            event: None,
+        }
+    );
+    let not_ours = suspended_by(fenced(release()), "kubectl-edit", "Update");
+    let Decision::DropFence { event: dropped } = decide(&not_ours, &clock()) else {
+        panic!("not a drop")
+    };
+    assert_eq!(
+        decide(&not_ours, &dry_run()),
+        Decision::DryRun {
+            would: "remove the uninstall fence".into(),
+            event: dropped,
+        },
+        "the drop's event says what was found, so a dry run records it too"
+    );
+    let held = terminating(fenced(release()));
+    let unlabelled = fence_labelled_as(FenceHolder::Unlabelled);
+    assert!(matches!(
+        decide(&held, &unlabelled),
+        Decision::HoldFence {
+            label_fence: true,
+            ..
+        }
+    ));
+    assert!(matches!(
+        decide(
+            &held,
+            &Context {
+                dry_run: true,
+                ..unlabelled
+            }
+        ),
+        Decision::HoldFence {
+            label_fence: false,
+            ..
+        }
+    ));
+}
+
+#[test]
+fn a_delete_whose_storage_read_was_given_up_is_decided_without_reading_it() {
+    let r = handled_by_helm_controller(terminating(fenced(release())), false);
+    let failing_for = |failing_for| Context {
+        storage_failure: Some(StorageFailing {
+            failing_for,
+            last_error: "500 Internal Server Error".into(),
+        }),
+        ..held_for(10 * MINUTE, None)
+    };
+    assert_eq!(asks(&r, &failing_for(MINUTE)), NEEDS_STORAGE);
+    let Decision::ReleaseWithoutUninstall { event } = decide(&r, &failing_for(10 * MINUTE)) else {
+        panic!("not let go")
+    };
+    assert!(
+        event.note.contains(
+            "reading its storage failed on every try for 600s: 500 Internal Server Error"
+        ),
+        "{}",
+        event.note
+    );
 }

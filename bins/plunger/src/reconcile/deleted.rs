@@ -26,7 +26,7 @@ impl Reconciler {
         label_fence: bool,
     ) -> Result<(Outcome, ReleaseView), Error> {
         let mut held = release.clone();
-        if label_fence && !self.controls.dry_run {
+        if label_fence {
             let object = self
                 .apply(release, Claim::FENCE_ONLY, false)
                 .await

@@ -20,7 +20,7 @@ use kube::Client;
 use kube::api::DynamicObject;
 
 use crate::apply::{self, Claim};
-use crate::decide::{self, AfterHandOver, Clock, Decision, SkipReason, StorageFacts};
+use crate::decide::{self, Answer, Context, Decision, Known, Need, SkipReason, StorageFailing};
 use crate::error::Error;
 use crate::events::Events;
 use crate::install::Install;
@@ -30,7 +30,7 @@ pub use crate::test_hooks::Step;
 #[cfg(feature = "test-hooks")]
 pub use crate::test_hooks::TestHooks;
 use crate::timings::Timings;
-use storage::StorageFailure;
+use storage::{StorageFailure, StorageRead};
 
 /// How one reconcile ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -260,8 +260,9 @@ impl Reconciler {
         let Some(release) = self.read(namespace, name).await? else {
             return Ok(Outcome::Gone.into());
         };
-        match self.decide_now(&release).await? {
-            Decision::InspectStorage => self.recover(release).await,
+        let decided = self.decide_now(&release, true).await?;
+        match decided.decision {
+            Decision::Recover(recovery) => self.recover(release, recovery, decided.storage).await,
             decision => Ok(self.carry_out(&release, decision).await?.into()),
         }
     }
@@ -273,8 +274,8 @@ impl Reconciler {
         let Some(release) = self.read(namespace, name).await? else {
             return Ok(Outcome::Gone);
         };
-        let decision = self.decide_now(&release).await?;
-        self.carry_out(&release, decision).await
+        let decided = self.decide_now(&release, false).await?;
+        self.carry_out(&release, decided.decision).await
     }
 
     /// [`Self::settle`] from the release as a listing just returned it, which
@@ -282,8 +283,8 @@ impl Reconciler {
     /// resourceVersion (or guarded by a `test` of what it read), so a release
     /// changed since is refused, read again and settled from that read.
     pub async fn settle_as_listed(&self, release: &ReleaseView) -> Result<Outcome, Error> {
-        let decision = self.decide_now(release).await?;
-        match self.carry_out(release, decision).await {
+        let decided = self.decide_now(release, false).await?;
+        match self.carry_out(release, decided.decision).await {
             Err(err) if err.is_stale_write() || crate::error::is_failed_guard(err.source()) => {
                 self.settle(&release.namespace, &release.name).await
             }
@@ -291,25 +292,37 @@ impl Reconciler {
         }
     }
 
-    /// `decide`, reading the Helm storage when the decision depends on it.
-    async fn decide_now(&self, release: &ReleaseView) -> Result<Decision, Error> {
-        let clock = self.clock(release);
-        match decide::decide(release, &clock) {
-            Decision::ReadStorage => {
-                if decide::storage_given_up(&clock) {
-                    let facts = StorageFacts::Unreadable {
-                        why: self.storage_failure_reason(release),
-                    };
-                    return Ok(decide::decide_with_storage(release, &facts, &clock));
+    /// `decide`, giving it what it asks for: the Helm storage, read; a
+    /// turn of the rate limit, taken. Each is asked for once at most, as
+    /// `decide` asks only for what it does not know yet.
+    async fn decide_now(&self, release: &ReleaseView, may_recover: bool) -> Result<Decided, Error> {
+        let context = self.context(release, may_recover);
+        let mut known = Known::default();
+        let mut storage = None;
+        loop {
+            match decide::decide(release, &known, &context) {
+                Answer::Decided(decision) => return Ok(Decided { decision, storage }),
+                Answer::Needs(Need::Storage) => {
+                    let read = self.read_storage(release).await.inspect_err(|err| {
+                        // Only a delete's decision gives up on a storage
+                        // that keeps failing (`decide::storage_given_up`).
+                        if release.terminating {
+                            self.storage_failed(release, err);
+                        }
+                    })?;
+                    self.storage_succeeded(release);
+                    known.storage = Some(read.facts.clone());
+                    storage = Some(read);
                 }
-                let facts = self
-                    .storage_facts(release)
-                    .await
-                    .inspect_err(|err| self.storage_failed(release, err))?;
-                self.storage_succeeded(release);
-                Ok(decide::decide_with_storage(release, &facts, &clock))
+                Answer::Needs(Need::RecoveryTurn) => {
+                    let turn = self
+                        .controls
+                        .rate_limit
+                        .as_ref()
+                        .map_or(Ok(()), |limiter| limiter.try_take(&release.uid));
+                    known.recovery_turn = Some(turn);
+                }
             }
-            decision => Ok(decision),
         }
     }
 
@@ -336,32 +349,38 @@ impl Reconciler {
         release
     }
 
-    fn clock(&self, release: &ReleaseView) -> Clock {
+    fn context(&self, release: &ReleaseView, may_recover: bool) -> Context {
         let since_last_fence_warning = self
             .fence_warnings
             .lock()
             .expect("fence warning map poisoned")
             .get(&release.uid)
             .map(Instant::elapsed);
-        let storage_failing_for = self
+        let storage_failure = self
             .storage_failures
             .lock()
             .expect("storage failure map poisoned")
             .get(&release.uid)
-            .map(|failure| failure.since.elapsed());
-        Clock {
+            .map(|failure| StorageFailing {
+                failing_for: failure.since.elapsed(),
+                last_error: failure.last.clone(),
+            });
+        Context {
             terminating_for: release.terminating_for(k8s_openapi::jiff::Timestamp::now()),
             since_last_fence_warning,
             fence_recheck_interval: self.timings.fence_recheck_interval,
             fence_held_warning_after: self.timings.fence_held_warning_after,
-            storage_failing_for,
+            storage_failure,
             holds_waiting_releases: self.holds_waiting_releases,
             fence_holder: self.install.fence_holder(release),
+            may_recover,
+            dry_run: self.controls.dry_run,
+            rate_limited: self.controls.rate_limit.is_some(),
         }
     }
 
-    /// Carries out any decision but `InspectStorage`, which only `reconcile`
-    /// acts on (a settle never starts a recovery).
+    /// Carries out any decision but `Recover`, which only `pass` acts on (a
+    /// settle never starts a recovery).
     async fn carry_out(&self, release: &ReleaseView, decision: Decision) -> Result<Outcome, Error> {
         Ok(self.act(release, decision).await?.0)
     }
@@ -373,19 +392,8 @@ impl Reconciler {
         release: &ReleaseView,
         decision: Decision,
     ) -> Result<(Outcome, ReleaseView), Error> {
-        if self.controls.dry_run
-            && let Some(would) = would_write(&decision)
-        {
-            if let Decision::DropFence { event: Some(event) } = &decision {
-                self.events.record(release, event).await;
-            }
-            tracing::info!(release = %release.key(), "dry run: would {would}");
-            return Ok((Outcome::DryRun { would }, release.clone()));
-        }
         match decision {
-            Decision::Nothing { event: None } | Decision::InspectStorage => {
-                Ok((Outcome::NothingToDo, release.clone()))
-            }
+            Decision::Nothing { event: None } => Ok((Outcome::NothingToDo, release.clone())),
             Decision::Nothing { event: Some(event) } => {
                 self.events.record(release, &event).await;
                 Ok((Outcome::LeftAlone, release.clone()))
@@ -426,8 +434,21 @@ impl Reconciler {
             Decision::ReleaseWithoutUninstall { event } => {
                 self.release_without_uninstall(release, event).await
             }
-            // `decide_now` has read the storage already.
-            Decision::ReadStorage => Ok((Outcome::NothingToDo, release.clone())),
+            Decision::Skip {
+                reason,
+                event,
+                drop_fence,
+            } => self.skip(release, reason, event, drop_fence).await,
+            Decision::DryRun { would, event } => {
+                if let Some(event) = event {
+                    self.events.record(release, &event).await;
+                }
+                tracing::info!(release = %release.key(), "dry run: would {would}");
+                Ok((Outcome::DryRun { would }, release.clone()))
+            }
+            // Decided only for a pass that may recover, which carries it out
+            // itself (`Reconciler::pass`).
+            Decision::Recover(_) => Ok((Outcome::NothingToDo, release.clone())),
         }
     }
 
@@ -456,32 +477,8 @@ impl Reconciler {
     async fn pause_at_step(&self, _step: Step) {}
 }
 
-/// What a decision would write, for `--dry-run`; `None` for no write.
-fn would_write(decision: &Decision) -> Option<String> {
-    match decision {
-        Decision::Lift { keep_fence: true } => {
-            Some("lift flux-plunger's suspension and keep the fence".to_owned())
-        }
-        Decision::Lift { keep_fence: false } => {
-            Some("lift flux-plunger's suspension and the fence".to_owned())
-        }
-        Decision::DropFence { .. } => Some("remove the uninstall fence".to_owned()),
-        Decision::HandOver { snapshot, then, .. } => Some(format!(
-            "write revision {} ({}) to status.history for helm-controller's uninstall, then {}",
-            snapshot.version,
-            snapshot.full_name(),
-            match then {
-                AfterHandOver::Lift { .. } => "lift flux-plunger's suspension",
-                AfterHandOver::RequestReconcile => "ask helm-controller to reconcile",
-            }
-        )),
-        Decision::RequestReconcile => Some("ask helm-controller to reconcile".to_owned()),
-        Decision::ReleaseWithoutUninstall { .. } => {
-            Some("remove the uninstall fence without an uninstall".to_owned())
-        }
-        Decision::Nothing { .. }
-        | Decision::HoldFence { .. }
-        | Decision::InspectStorage
-        | Decision::ReadStorage => None,
-    }
+/// A decision, with the storage read that decided it (when one did).
+struct Decided {
+    decision: Decision,
+    storage: Option<StorageRead>,
 }

@@ -1,22 +1,20 @@
-//! SPEC §4, in the order it runs: plan (the storage listed, the revision to
-//! reclaim chosen), acquire (the suspension and the fence, locked on the
-//! read that planned), reclaim (the revision recorded, its Secret deleted),
-//! finish (both given up); then a recovery that must wait, fenced meanwhile.
+//! SPEC §4, in the order it runs, from the plan `decide` made of the
+//! storage listed: acquire (the suspension and the fence, locked on the read
+//! that planned), reclaim (the revision recorded, its Secret deleted),
+//! finish (both given up); then a recovery that waits for its turn, fenced
+//! meanwhile, and a stuck release with nothing to reclaim.
 
 use kube::Client;
 
-use super::storage::{self, Unreached};
+use super::storage::StorageRead;
 use super::{Outcome, Pass, Reconciler};
 use crate::apply::{self, Claim};
-use crate::decide::{
-    self, MayAcquire, RecoveryPlan, SkipReason, may_take_suspension, plan_recovery,
-};
-use crate::error::{Error, describe, is_api_code};
-use crate::notices::{self, AfterRecovery};
+use crate::decide::{self, MayAcquire, Recovery, SkipReason, may_take_suspension};
+use crate::error::{Error, is_api_code};
+use crate::notices::{self, AfterRecovery, EventSpec};
 use crate::release::view::ReleaseView;
-use crate::remote::RemoteError;
-use crate::storage::api::{delete_revision, list_storage};
-use crate::storage::view::{StorageLocation, StorageRevision};
+use crate::storage::api::delete_revision;
+use crate::storage::view::StorageRevision;
 use crate::test_hooks::Step;
 
 /// How many 409s a step taken under our suspension reads through before it
@@ -24,80 +22,55 @@ use crate::test_hooks::Step;
 const MAX_CONFLICTS_WHILE_HELD: u32 = 5;
 
 impl Reconciler {
-    /// SPEC §4 steps 6-13.
-    pub(super) async fn recover(&self, release: ReleaseView) -> Result<Pass, Error> {
-        // The storage is in the cluster the release is installed in.
-        let location = StorageLocation::of(&release);
-        let storage_client = match self.storage_client(&release, &location).await {
-            Ok(client) => client,
-            Err(Unreached::Remote(RemoteError::Unreadable(source))) => {
-                return Err(Error::ReadKubeconfig {
-                    key: release.key(),
-                    source,
-                });
+    /// SPEC §4 steps 8-13, as `decide` planned them from `storage`: start
+    /// the recovery, wait for its turn, or fail the pass for a retry.
+    pub(super) async fn recover(
+        &self,
+        release: ReleaseView,
+        recovery: Recovery,
+        storage: Option<StorageRead>,
+    ) -> Result<Pass, Error> {
+        match recovery {
+            Recovery::Start { target, below_uid } => {
+                // Decided only from a listed storage, read with this client.
+                let Some(client) = storage.and_then(|read| read.client) else {
+                    return Ok(Outcome::NothingToDo.into());
+                };
+                self.start(release, &target, below_uid.as_deref(), &client)
+                    .await
             }
-            Err(Unreached::Remote(RemoteError::Missing(source))) => {
-                let event = notices::remote_kubeconfig_missing(&release, &describe(&source));
-                self.events.record(&release, &event).await;
-                return Err(Error::ReadKubeconfig {
-                    key: release.key(),
-                    source,
-                });
+            Recovery::WaitForTurn { retry_after, fence } => {
+                tracing::info!(release = %release.key(), ?retry_after, "recovery rate limit reached; waiting");
+                let fenced = if fence {
+                    self.fence_while_waiting(&release).await?
+                } else {
+                    None
+                };
+                Ok(Pass {
+                    outcome: Outcome::RateLimited { retry_after },
+                    handled: fenced.into_iter().collect(),
+                })
             }
-            Err(Unreached::Remote(RemoteError::Unusable(why))) => {
-                let event = notices::remote_cluster_unusable(&release, &why);
-                self.events.record(&release, &event).await;
-                self.give_up_waiting(&release).await?;
-                return Ok(Outcome::Skipped(SkipReason::RemoteClusterUnusable { why }).into());
+            Recovery::Retry { event } => {
+                if let Some(event) = event {
+                    self.events.record(&release, &event).await;
+                }
+                match storage.and_then(|read| read.refusal) {
+                    Some(refusal) => Err(refusal),
+                    None => Ok(Outcome::NothingToDo.into()),
+                }
             }
-            Err(Unreached::OutOfReach(why)) => {
-                let event = notices::storage_out_of_reach(&release, &why);
-                self.events.record(&release, &event).await;
-                self.give_up_waiting(&release).await?;
-                return Ok(Outcome::Skipped(SkipReason::StorageOutOfReach { why }).into());
-            }
-            Err(Unreached::ReviewFailed(err)) => return Err(err),
-        };
-        let secrets = list_storage(&storage_client, &location)
-            .await
-            .map_err(|source| Error::ListStorage {
-                key: release.key(),
-                namespace: location.namespace.clone(),
-                source,
-            })?;
-        let revisions = storage::revisions_of(&release, &location, &secrets);
-        let target = match plan_recovery(&release, &revisions) {
-            RecoveryPlan::Reclaim(target) => target,
-            RecoveryPlan::Skip(reason) => {
-                tracing::info!(release = %release.key(), ?reason, storage = ?location, "stuck, but nothing to reclaim");
-                self.give_up_waiting(&release).await?;
-                return Ok(Outcome::Skipped(reason).into());
-            }
-        };
+        }
+    }
 
-        if self.controls.dry_run {
-            let would = format!(
-                "suspend {} with the uninstall fence, annotate revision {}, delete Helm storage Secret {}/{} (status {:?}), then lift the suspension and the fence",
-                release.key(),
-                target.revision,
-                target.namespace,
-                target.name,
-                target.status
-            );
-            let event = notices::recovery_dry_run(&would);
-            self.events.record(&release, &event).await;
-            return Ok(Outcome::DryRun { would }.into());
-        }
-        if let Some(limiter) = &self.controls.rate_limit
-            && let Err(retry_after) = limiter.try_take(&release.uid)
-        {
-            tracing::info!(release = %release.key(), ?retry_after, "recovery rate limit reached; waiting");
-            let fenced = self.fence_while_waiting(&release).await?;
-            return Ok(Pass {
-                outcome: Outcome::RateLimited { retry_after },
-                handled: fenced.into_iter().collect(),
-            });
-        }
+    /// SPEC §4 steps 8-13: acquire, reclaim `target`, finish.
+    async fn start(
+        &self,
+        release: ReleaseView,
+        target: &StorageRevision,
+        below_uid: Option<&str>,
+        storage_client: &Client,
+    ) -> Result<Pass, Error> {
         self.pause_at_step(Step::Planned).await;
 
         let held = match self.acquire(&release).await? {
@@ -114,11 +87,7 @@ impl Reconciler {
         };
         tracing::info!(release = %release.key(), revision = target.revision, secret = %target.name, "suspended with the uninstall fence to reclaim the newest storage revision");
 
-        let below_uid = decide::revision_below(&revisions, &target).map(|r| r.uid.clone());
-        match self
-            .reclaim(held, &target, below_uid.as_deref(), &storage_client)
-            .await
-        {
+        match self.reclaim(held, target, below_uid, storage_client).await {
             Ok(pass) => Ok(pass),
             Err(err) => {
                 // Step 9: an early exit never leaves our suspension behind.
@@ -288,8 +257,8 @@ impl Reconciler {
                         return Ok(None);
                     };
                     if !decide::still_held(&again, &release.uid) {
-                        let decision = self.decide_now(&again).await?;
-                        let (_, last_seen) = self.act(&again, decision).await?;
+                        let decided = self.decide_now(&again, false).await?;
+                        let (_, last_seen) = self.act(&again, decided.decision).await?;
                         return Ok(Some(last_seen));
                     }
                     release = again;
@@ -305,9 +274,6 @@ impl Reconciler {
     /// finds the history it cleared empty and would let the release go).
     /// The resourceVersion its fence write left, when it wrote one.
     async fn fence_while_waiting(&self, release: &ReleaseView) -> Result<Option<String>, Error> {
-        if release.has_fence() || self.controls.dry_run {
-            return Ok(None);
-        }
         let written = self
             .apply(release, Claim::FENCE_ONLY, false)
             .await
@@ -320,13 +286,24 @@ impl Reconciler {
     }
 
     /// SPEC §4.5: a stuck release with nothing to reclaim has no recovery to
-    /// wait for: the fence it carried while it waited goes.
-    async fn give_up_waiting(&self, release: &ReleaseView) -> Result<(), Error> {
-        if release.has_fence() && !self.controls.dry_run {
-            self.drop_fence(release).await?;
+    /// wait for: the fence it carried while it waited goes when `drop_fence`.
+    pub(super) async fn skip(
+        &self,
+        release: &ReleaseView,
+        reason: SkipReason,
+        event: Option<EventSpec>,
+        drop_fence: bool,
+    ) -> Result<(Outcome, ReleaseView), Error> {
+        if let Some(event) = event {
+            self.events.record(release, &event).await;
+        }
+        tracing::info!(release = %release.key(), ?reason, "stuck, but nothing to reclaim");
+        let mut left = release.clone();
+        if drop_fence {
+            left = self.drop_fence(release).await?;
             tracing::info!(release = %release.key(), "dropped the fence of a stuck release with nothing to reclaim");
         }
-        Ok(())
+        Ok((Outcome::Skipped(reason), left))
     }
 
     fn acquire_claim(&self) -> Claim {

@@ -1,16 +1,16 @@
-//! One way to read a release's Helm storage, and what its failures mean:
+//! One way to read a release's Helm storage, and what its failures are:
 //! the client of the cluster it is in (this one, or the remote one of
-//! `spec.kubeConfig`), the revisions listed and parsed, and for a release
-//! being deleted the facts `decide` needs, with how long reading them has
-//! failed.
+//! `spec.kubeConfig`), the revisions listed and parsed, for a release being
+//! deleted the snapshot its uninstall needs, and how long reading them has
+//! failed. What a failure means for the release `decide` says.
 
 use std::time::Instant;
 
 use kube::Client;
 
 use super::Reconciler;
-use crate::decide::{self, StorageFacts, UninstallTarget};
-use crate::error::Error;
+use crate::decide::{self, StorageFacts, UninstallTarget, Unreadable};
+use crate::error::{Error, describe, is_access_refused};
 use crate::release::view::ReleaseView;
 use crate::remote::RemoteError;
 use crate::storage::api::{list_storage, read_snapshot};
@@ -34,44 +34,75 @@ pub(super) struct StorageFailure {
     pub(super) last: String,
 }
 
+/// One read of a release's Helm storage.
+pub(super) struct StorageRead {
+    /// What `decide` is told.
+    pub(super) facts: StorageFacts,
+    /// The client the storage was read with, to delete a revision with.
+    pub(super) client: Option<Client>,
+    /// The refused request behind [`Unreadable::KubeconfigMissing`] or
+    /// [`Unreadable::AccessRefused`]: the error a recovery retried with
+    /// backoff fails with.
+    pub(super) refusal: Option<Error>,
+}
+
+impl StorageRead {
+    fn unreadable(cause: Unreadable, why: String, refusal: Option<Error>) -> Self {
+        Self {
+            facts: StorageFacts::Unreadable { why, cause },
+            client: None,
+            refusal,
+        }
+    }
+}
+
 impl Reconciler {
-    /// What a release being deleted has in its Helm storage: the revisions,
-    /// and, when helm-controller's history is empty, the snapshot of the
-    /// revision its uninstall should target. A storage that cannot be read
-    /// for good (a remote cluster that cannot be used, access refused) is
-    /// reported as such; a failure that may pass is an error, retried.
-    pub(super) async fn storage_facts(&self, release: &ReleaseView) -> Result<StorageFacts, Error> {
+    /// What a release has in its Helm storage: the revisions, and, for a
+    /// release being deleted whose helm-controller history is empty, the
+    /// snapshot of the revision its uninstall should target. A storage that
+    /// cannot be read for a reason a retry alone does not cure (a remote
+    /// cluster missing or unusable, out of reach, access refused) is
+    /// reported as such, for `decide` to weigh; a failure that may pass is
+    /// an error.
+    pub(super) async fn read_storage(&self, release: &ReleaseView) -> Result<StorageRead, Error> {
         let location = StorageLocation::of(release);
         let client = match self.storage_client(release, &location).await {
             Ok(client) => client,
-            // The kubeconfig Secret could not be read: it may pass.
             Err(Unreached::Remote(RemoteError::Unreadable(source))) => {
                 return Err(Error::ReadKubeconfig {
                     key: release.key(),
                     source,
                 });
             }
-            // Missing: helm-controller's own deletion path skips the
-            // uninstall then, so nothing reads this storage for it either.
-            Err(Unreached::Remote(RemoteError::Missing(err))) => {
-                return Ok(StorageFacts::Unreadable {
-                    why: crate::error::describe(&err),
-                });
+            Err(Unreached::Remote(RemoteError::Missing(source))) => {
+                let why = describe(&source);
+                let refusal = Error::ReadKubeconfig {
+                    key: release.key(),
+                    source,
+                };
+                return Ok(StorageRead::unreadable(
+                    Unreadable::KubeconfigMissing,
+                    why,
+                    Some(refusal),
+                ));
             }
-            Err(Unreached::Remote(RemoteError::Unusable(why)) | Unreached::OutOfReach(why)) => {
-                return Ok(StorageFacts::Unreadable { why });
+            Err(Unreached::Remote(RemoteError::Unusable(why))) => {
+                return Ok(StorageRead::unreadable(
+                    Unreadable::RemoteClusterUnusable,
+                    why,
+                    None,
+                ));
+            }
+            Err(Unreached::OutOfReach(why)) => {
+                return Ok(StorageRead::unreadable(Unreadable::OutOfReach, why, None));
             }
             Err(Unreached::ReviewFailed(err)) => return Err(err),
         };
         let secrets = match list_storage(&client, &location).await {
             Ok(secrets) => secrets,
-            Err(err) if crate::error::is_access_refused(&err) => {
-                return Ok(StorageFacts::Unreadable {
-                    why: format!("listing namespace {}: {err}", location.namespace),
-                });
-            }
             Err(source) => {
-                return Err(Error::ListStorage {
+                let listing = format!("listing namespace {}", location.namespace);
+                return unreadable_if_refused(source, listing, |source| Error::ListStorage {
                     key: release.key(),
                     namespace: location.namespace.clone(),
                     source,
@@ -80,30 +111,32 @@ impl Reconciler {
         };
         let revisions = revisions_of(release, &location, &secrets);
         let snapshot = match decide::uninstall_target(&revisions) {
-            UninstallTarget::Revision(target) if !release.has_history => {
+            UninstallTarget::Revision(target) if release.terminating && !release.has_history => {
                 match read_snapshot(&client, target, &location.release_name).await {
                     Ok(snapshot) => Some(snapshot.map(Box::new)),
                     // Refused like the list: the identity may list and
                     // delete but not get (docs/operating.md names all three).
-                    Err(err) if crate::error::is_access_refused(&err) => {
-                        return Ok(StorageFacts::Unreadable {
-                            why: format!("reading {}/{}: {err}", target.namespace, target.name),
-                        });
-                    }
                     Err(source) => {
-                        return Err(Error::ReadStorage {
-                            namespace: target.namespace.clone(),
-                            name: target.name.clone(),
-                            source,
+                        let reading = format!("reading {}/{}", target.namespace, target.name);
+                        return unreadable_if_refused(source, reading, |source| {
+                            Error::ReadStorage {
+                                namespace: target.namespace.clone(),
+                                name: target.name.clone(),
+                                source,
+                            }
                         });
                     }
                 }
             }
             _ => None,
         };
-        Ok(StorageFacts::Listed {
-            revisions,
-            snapshot,
+        Ok(StorageRead {
+            facts: StorageFacts::Listed {
+                revisions,
+                snapshot,
+            },
+            client: Some(client),
+            refusal: None,
         })
     }
 
@@ -130,21 +163,6 @@ impl Reconciler {
             .lock()
             .expect("storage failure map poisoned")
             .remove(&release.uid);
-    }
-
-    /// Why the storage read of `release` was given up.
-    pub(super) fn storage_failure_reason(&self, release: &ReleaseView) -> String {
-        let failures = self
-            .storage_failures
-            .lock()
-            .expect("storage failure map poisoned");
-        let last = failures
-            .get(&release.uid)
-            .map_or("", |failure| failure.last.as_str());
-        format!(
-            "reading its storage failed on every try for {}s: {last}",
-            self.timings.fence_held_warning_after.as_secs()
-        )
     }
 
     /// A client of the cluster the release is installed in (and its storage
@@ -177,6 +195,27 @@ impl Reconciler {
         }
         Ok(self.client.clone())
     }
+}
+
+/// A storage request that failed: refused, the storage is unreadable (with
+/// the error a recovery retries with); any other failure may pass, and is
+/// the error.
+fn unreadable_if_refused(
+    source: kube::Error,
+    request: String,
+    error: impl FnOnce(kube::Error) -> Error,
+) -> Result<StorageRead, Error> {
+    let refused = is_access_refused(&source);
+    let why = format!("{request}: {source}");
+    let err = error(source);
+    if !refused {
+        return Err(err);
+    }
+    Ok(StorageRead::unreadable(
+        Unreadable::AccessRefused,
+        why,
+        Some(err),
+    ))
 }
 
 /// The storage revisions among the Secrets listed at `location`; a Secret
