@@ -6,14 +6,14 @@
 use std::time::Duration;
 
 use crate::history::HistorySnapshot;
-pub use crate::install::FenceHolder;
+pub(crate) use crate::install::FenceHolder;
 use crate::notices::{self, AfterRecovery, EventSpec};
 use crate::release::view::{ProcessedVersion, ReleaseView};
 use crate::storage::view::StorageRevision;
 
 /// The next step for a release, decided from one fresh read.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Decision {
+pub(crate) enum Decision {
     /// Nothing to write.
     Nothing { event: Option<EventSpec> },
     /// Give up our suspension; keep the fence only when a delete is pending,
@@ -56,7 +56,7 @@ pub enum Decision {
 
 /// What follows the history write of [`Decision::HandOver`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum AfterHandOver {
+pub(crate) enum AfterHandOver {
     /// Lift our suspension: helm-controller's unsuspended deletion path then
     /// runs with the history.
     Lift { keep_fence: bool },
@@ -68,7 +68,7 @@ pub enum AfterHandOver {
 /// What the Helm storage of a release being deleted holds, as far as its
 /// uninstall is concerned.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum StorageFacts {
+pub(crate) enum StorageFacts {
     Listed {
         /// The well-formed revisions, oldest first.
         revisions: Vec<StorageRevision>,
@@ -83,7 +83,7 @@ pub enum StorageFacts {
 
 /// Which revision a Helm uninstall of the storage would act on.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum UninstallTarget<'a> {
+pub(crate) enum UninstallTarget<'a> {
     /// Nothing is installed: no revision, or a newest `uninstalled` one.
     Nothing,
     /// The newest revision, live: the uninstall deletes what it installed.
@@ -97,7 +97,7 @@ pub enum UninstallTarget<'a> {
 /// (`keepHistory`). Handing one of those to helm-controller would run the
 /// chart's delete hooks again and delete by name every object of an old
 /// manifest, another release's objects of the same name included.
-pub fn uninstall_target(revisions: &[StorageRevision]) -> UninstallTarget<'_> {
+pub(crate) fn uninstall_target(revisions: &[StorageRevision]) -> UninstallTarget<'_> {
     match revisions.iter().max_by_key(|r| r.revision) {
         Some(newest) if is_live(newest) => UninstallTarget::Revision(newest),
         _ => UninstallTarget::Nothing,
@@ -112,37 +112,37 @@ fn is_live(revision: &StorageRevision) -> bool {
 
 /// What `decide` needs besides the release.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Clock {
+pub(crate) struct Clock {
     /// How long the release has been terminating (since its deletionTimestamp).
-    pub terminating_for: Option<Duration>,
+    pub(crate) terminating_for: Option<Duration>,
     /// How long ago we last warned that this release's delete is held.
-    pub since_last_fence_warning: Option<Duration>,
+    pub(crate) since_last_fence_warning: Option<Duration>,
     /// How often a held fence is re-checked (SPEC §5e).
-    pub fence_recheck_interval: Duration,
+    pub(crate) fence_recheck_interval: Duration,
     /// How long a delete may be held before we warn (SPEC §5e).
-    pub fence_held_warning_after: Duration,
+    pub(crate) fence_held_warning_after: Duration,
     /// How long the storage read a decision on this release needs has
     /// failed on every try; `None` while it does not.
-    pub storage_failing_for: Option<Duration>,
+    pub(crate) storage_failing_for: Option<Duration>,
     /// Whether the fence stays on a stuck release while its recovery waits
     /// (SPEC §4.5): the controller's passes; the drain lets go of every
     /// live release instead, as its pod is going away.
-    pub holds_waiting_releases: bool,
+    pub(crate) holds_waiting_releases: bool,
     /// Whose the release's fence is, by its label (SPEC §3): another
     /// install's is left to that install; one this install keeps is
     /// labelled as its own.
-    pub fence_holder: FenceHolder,
+    pub(crate) fence_holder: FenceHolder,
 }
 
 /// SPEC §4 steps 2-5 and §5: the decision for one fresh read of a release.
 /// [`Decision::ReadStorage`] when a delete needs what the storage holds.
-pub fn decide(release: &ReleaseView, clock: &Clock) -> Decision {
+pub(crate) fn decide(release: &ReleaseView, clock: &Clock) -> Decision {
     decide_from(release, None, clock)
 }
 
 /// [`decide`], knowing the Helm storage of the release: never
 /// [`Decision::ReadStorage`].
-pub fn decide_with_storage(
+pub(crate) fn decide_with_storage(
     release: &ReleaseView,
     storage: &StorageFacts,
     clock: &Clock,
@@ -375,7 +375,7 @@ fn describe_revisions(revisions: &[&StorageRevision]) -> String {
 /// counts as unreadable, so nothing is handed over, our suspension is lifted
 /// and the fence let go with a Warning. Retrying the same step for ever
 /// would keep the release Terminating, under our suspension, for good.
-pub fn storage_given_up(clock: &Clock) -> bool {
+pub(crate) fn storage_given_up(clock: &Clock) -> bool {
     clock
         .storage_failing_for
         .is_some_and(|failing| failing >= clock.fence_held_warning_after)
@@ -407,7 +407,7 @@ fn hold(release: &ReleaseView, clock: &Clock) -> Decision {
 /// SPEC §4 steps 6-7: whether the storage of a stuck release holds a
 /// revision to reclaim.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum RecoveryPlan {
+pub(crate) enum RecoveryPlan {
     /// Reclaim (delete) this revision.
     Reclaim(StorageRevision),
     /// Leave the storage alone, for the reason given.
@@ -436,7 +436,7 @@ pub enum SkipReason {
 /// Chooses the revision to reclaim (SPEC §4.6–4.7): the newest one, when
 /// its status is one Helm cannot get past by itself, unless it is the one
 /// below the revision we already reclaimed, or a deployed one.
-pub fn plan_recovery(release: &ReleaseView, revisions: &[StorageRevision]) -> RecoveryPlan {
+pub(crate) fn plan_recovery(release: &ReleaseView, revisions: &[StorageRevision]) -> RecoveryPlan {
     let Some(latest) = revisions.iter().max_by_key(|r| r.revision) else {
         return RecoveryPlan::Skip(SkipReason::NoRevisions);
     };
@@ -494,7 +494,7 @@ pub fn status_explains_stuck(status: &str) -> bool {
 }
 
 /// The revision just below `target`, whose uid the annotation records.
-pub fn revision_below<'a>(
+pub(crate) fn revision_below<'a>(
     revisions: &'a [StorageRevision],
     target: &StorageRevision,
 ) -> Option<&'a StorageRevision> {
@@ -506,7 +506,7 @@ pub fn revision_below<'a>(
 
 /// SPEC §4.8: what the read the acquire is locked on allows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum MayAcquire {
+pub(crate) enum MayAcquire {
     /// Take the suspension and the fence.
     Take,
     /// Deleted, or suspended by someone, meanwhile: not ours to take.
@@ -525,7 +525,7 @@ pub enum MayAcquire {
 /// means an owner of `false` (a backup controller's Update), which an
 /// unforced apply can never take over; a `true` set meanwhile is somebody's
 /// suspension and is never taken.
-pub fn may_take_suspension(release: &ReleaseView) -> MayAcquire {
+pub(crate) fn may_take_suspension(release: &ReleaseView) -> MayAcquire {
     if release.terminating || release.suspend {
         MayAcquire::NotOurs
     } else if !release.is_stuck() || release.recovery_disabled() {
@@ -538,13 +538,13 @@ pub fn may_take_suspension(release: &ReleaseView) -> MayAcquire {
 /// Whether a release read again mid-recovery is still the one we hold: the
 /// same uid, live, under our suspension and our fence. Only then may a step
 /// that met a 409 be sent again instead of undoing the recovery.
-pub fn still_held(release: &ReleaseView, uid: &str) -> bool {
+pub(crate) fn still_held(release: &ReleaseView, uid: &str) -> bool {
     release.uid == uid && !release.terminating && release.suspended_by_us() && release.has_fence()
 }
 
 /// Classifies the release as the recovery's last write left it (`None`:
 /// gone).
-pub fn after_recovery(last_seen: Option<&ReleaseView>) -> AfterRecovery {
+pub(crate) fn after_recovery(last_seen: Option<&ReleaseView>) -> AfterRecovery {
     match last_seen {
         None => AfterRecovery::BeingDeleted { fenced: false },
         Some(release) if release.terminating => AfterRecovery::BeingDeleted {
@@ -557,18 +557,18 @@ pub fn after_recovery(last_seen: Option<&ReleaseView>) -> AfterRecovery {
 
 /// What a guarded JSON patch must write to give up our hold on a release.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct GuardedPatch {
+pub(crate) struct GuardedPatch {
     /// Remove `spec.suspend`.
-    pub lift_suspension: bool,
+    pub(crate) lift_suspension: bool,
     /// Remove the fence at these indices of `metadata.finalizers`.
-    pub fence_indices: Vec<usize>,
+    pub(crate) fence_indices: Vec<usize>,
     /// Remove the fence's label: it goes with the last copy of the fence.
-    pub remove_label: bool,
+    pub(crate) remove_label: bool,
 }
 
 impl GuardedPatch {
     /// Nothing for a patch to write.
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         !self.lift_suspension && self.fence_indices.is_empty()
     }
 }
@@ -578,7 +578,7 @@ impl GuardedPatch {
 /// hand edit, a re-applied manifest), and `metadata.finalizers` is a set, so
 /// giving up our claim cannot remove them. The fence is flux-plunger's
 /// wherever it is: remove every copy by the guarded patch.
-pub fn fence_left_after_give_up(written: &ReleaseView) -> GuardedPatch {
+pub(crate) fn fence_left_after_give_up(written: &ReleaseView) -> GuardedPatch {
     let fence_indices = written.fence_indices();
     GuardedPatch {
         lift_suspension: false,
@@ -594,7 +594,7 @@ pub fn fence_left_after_give_up(written: &ReleaseView) -> GuardedPatch {
 /// lifts the suspension where flux-plunger alone holds it (a co-owner's
 /// suspension is never removed) and, unless the fence is kept, removes every
 /// copy of it; when the fence is kept, every copy stays.
-pub fn let_go_without_apply(release: &ReleaseView, keep_fence: bool) -> GuardedPatch {
+pub(crate) fn let_go_without_apply(release: &ReleaseView, keep_fence: bool) -> GuardedPatch {
     let fence_indices = if keep_fence {
         Vec::new()
     } else {
