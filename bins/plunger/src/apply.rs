@@ -33,8 +33,8 @@ use crate::release::view::ReleaseView;
 /// co-owns it; the same for the fence and the label that goes with it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Claim {
-    pub suspend: bool,
-    pub fence: bool,
+    pub(crate) suspend: bool,
+    pub(crate) fence: bool,
 }
 
 impl Claim {
@@ -167,7 +167,7 @@ pub async fn patch_guarded(
 
 /// The merge patch that records the reclaimed revision (and the uid of the
 /// revision below it, "" for none), locked on the resourceVersion read.
-pub fn annotation_patch(release: &ReleaseView, revision: u64, below_uid: Option<&str>) -> Value {
+fn annotation_patch(release: &ReleaseView, revision: u64, below_uid: Option<&str>) -> Value {
     json!({
         "metadata": {
             "resourceVersion": release.resource_version,
@@ -204,7 +204,7 @@ pub async fn annotate(
 /// needs: one snapshot, and the storage namespace when the status lost it.
 /// Locked on the resourceVersion read, so that a status helm-controller
 /// wrote meanwhile is never overwritten.
-pub fn history_patch(
+fn history_patch(
     release: &ReleaseView,
     snapshot: &HistorySnapshot,
     storage_namespace: Option<&str>,
@@ -222,7 +222,7 @@ pub fn history_patch(
 /// Writes [`history_patch`] through the status subresource, as manager
 /// `flux-plunger` (an `Update` of status fields only: it never makes a
 /// suspension ours, SPEC §2).
-pub async fn write_history(
+pub(crate) async fn write_history(
     client: &Client,
     release: &ReleaseView,
     snapshot: &HistorySnapshot,
@@ -243,7 +243,7 @@ pub async fn write_history(
 
 /// The merge patch that asks helm-controller to reconcile (the annotation
 /// `flux reconcile` writes), locked on the resourceVersion read.
-pub fn reconcile_request_patch(release: &ReleaseView, requested_at: &str) -> Value {
+fn reconcile_request_patch(release: &ReleaseView, requested_at: &str) -> Value {
     json!({
         "metadata": {
             "resourceVersion": release.resource_version,
@@ -252,7 +252,7 @@ pub fn reconcile_request_patch(release: &ReleaseView, requested_at: &str) -> Val
     })
 }
 
-/// Writes [`reconcile_request_patch`] as manager `flux-plunger`.
+/// Writes `reconcile_request_patch` as manager `flux-plunger`.
 pub async fn request_reconcile(
     client: &Client,
     release: &ReleaseView,

@@ -14,12 +14,12 @@ pub struct KubeArgs {
     /// Path to a kubeconfig file. Without it: $KUBECONFIG, the in-cluster
     /// service account, then ~/.kube/config.
     #[arg(long, value_name = "PATH")]
-    pub kubeconfig: Option<PathBuf>,
+    pub(crate) kubeconfig: Option<PathBuf>,
 }
 
 impl KubeArgs {
     /// A client for the configured cluster; every request but a watch is
-    /// bounded by [`REQUEST_TIMEOUT`](crate::timings::REQUEST_TIMEOUT).
+    /// bounded by `timings::REQUEST_TIMEOUT`.
     pub async fn client(&self) -> anyhow::Result<kube::Client> {
         Ok(bounded(self.config().await?, REQUEST_TIMEOUT)?)
     }
@@ -166,7 +166,7 @@ pub struct LeaseArgs {
     /// This pod's name, the Lease holder identity (the chart passes it
     /// through the downward API); the hostname when unset.
     #[arg(long, env = "POD_NAME", value_name = "NAME")]
-    pub pod_name: Option<String>,
+    pod_name: Option<String>,
 }
 
 impl LeaseArgs {

@@ -6,7 +6,7 @@
 //! of an HA control plane, a paused process) would never resolve: a recovery
 //! would never run its undo, a drain would never reach its deadline. Here a
 //! request that has not been answered, body included, within its timeout fails
-//! with [`TimedOut`], an error like any other. A watch keeps kube-runtime's own
+//! with `TimedOut`, an error like any other. A watch keeps kube-runtime's own
 //! idle timeout (the server closes it after `timeoutSeconds`, the watcher gives
 //! up on a silent one a little later), since a watch is meant to stay open.
 
@@ -36,7 +36,7 @@ pub fn bounded(config: kube::Config, timeout: Duration) -> kube::Result<kube::Cl
 /// As [`bounded`], for a writer under the leader Lease: a write is sent only
 /// while `leadership` is current, and fails with [`NotLeader`] otherwise. Every
 /// write goes through this one check, whichever code sends it.
-pub fn bounded_writer(
+pub(crate) fn bounded_writer(
     config: kube::Config,
     timeout: Duration,
     leadership: tokio::sync::watch::Receiver<Leadership>,
@@ -53,26 +53,26 @@ pub fn bounded_writer(
 #[error(
     "not sent: {method} {path} needs the leader Lease, and this process's leadership has lapsed"
 )]
-pub struct NotLeader {
-    pub method: http::Method,
-    pub path: String,
+struct NotLeader {
+    method: http::Method,
+    pub(crate) path: String,
 }
 
 /// True when `err` is a write held back by [`bounded_writer`].
-pub fn is_not_leader(err: &kube::Error) -> bool {
+pub(crate) fn is_not_leader(err: &kube::Error) -> bool {
     caused_by::<NotLeader>(err)
 }
 
 /// A request that got no complete answer in time.
 #[derive(Debug, Clone, thiserror::Error)]
 #[error("no answer from the apiserver within {}s to {method} {path}", timeout.as_secs_f64())]
-pub struct TimedOut {
-    pub timeout: Duration,
-    pub method: http::Method,
-    pub path: String,
+pub(crate) struct TimedOut {
+    pub(crate) timeout: Duration,
+    method: http::Method,
+    pub(crate) path: String,
 }
 
-/// True when `err` is a request that ran out of time ([`TimedOut`]).
+/// True when `err` is a request that ran out of time (`TimedOut`).
 pub fn is_timeout(err: &kube::Error) -> bool {
     caused_by::<TimedOut>(err)
 }
@@ -90,8 +90,8 @@ fn caused_by<E: std::error::Error + 'static>(err: &kube::Error) -> bool {
 
 /// Holds back writes while the leadership is not current.
 #[derive(Debug, Clone)]
-pub struct WriteGateLayer {
-    pub leadership: tokio::sync::watch::Receiver<Leadership>,
+struct WriteGateLayer {
+    pub(crate) leadership: tokio::sync::watch::Receiver<Leadership>,
 }
 
 impl<S> Layer<S> for WriteGateLayer {
@@ -106,7 +106,7 @@ impl<S> Layer<S> for WriteGateLayer {
 }
 
 #[derive(Debug, Clone)]
-pub struct WriteGate<S> {
+struct WriteGate<S> {
     inner: S,
     leadership: tokio::sync::watch::Receiver<Leadership>,
 }
@@ -141,8 +141,8 @@ where
 
 /// Bounds every request but a watch: the answer's head and its whole body.
 #[derive(Debug, Clone, Copy)]
-pub struct RequestTimeoutLayer {
-    pub timeout: Duration,
+struct RequestTimeoutLayer {
+    pub(crate) timeout: Duration,
 }
 
 impl<S> Layer<S> for RequestTimeoutLayer {
@@ -157,7 +157,7 @@ impl<S> Layer<S> for RequestTimeoutLayer {
 }
 
 #[derive(Debug, Clone)]
-pub struct RequestTimeout<S> {
+struct RequestTimeout<S> {
     inner: S,
     timeout: Duration,
 }
@@ -218,7 +218,7 @@ fn is_watch(uri: &http::Uri) -> bool {
 }
 
 /// A response body that fails once its request's deadline has passed.
-pub struct BoundedBody<B> {
+struct BoundedBody<B> {
     inner: B,
     deadline: Option<(Pin<Box<tokio::time::Sleep>>, TimedOut)>,
 }

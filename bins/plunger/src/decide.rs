@@ -6,14 +6,14 @@
 use std::time::Duration;
 
 use crate::history::HistorySnapshot;
-pub use crate::install::FenceHolder;
+pub(crate) use crate::install::FenceHolder;
 use crate::notices::{self, AfterRecovery, EventSpec};
 use crate::release::view::{ProcessedVersion, ReleaseView};
 use crate::storage::view::StorageRevision;
 
 /// What [`decide`] answers: the decision, or what it must know first.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Answer {
+pub(crate) enum Answer {
     Decided(Decision),
     /// Read this, put it in [`Known`], and ask again.
     Needs(Need),
@@ -22,7 +22,7 @@ pub enum Answer {
 /// What a decision may depend on that costs a request or a turn: asked for
 /// only when the decision does depend on it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Need {
+pub(crate) enum Need {
     /// The release's Helm storage, as [`StorageFacts`].
     Storage,
     /// A turn of the recovery rate limit (`--max-recoveries-per-minute`),
@@ -33,7 +33,7 @@ pub enum Need {
 
 /// What the caller has read or taken for [`decide`], on its asking.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Known {
+pub(crate) struct Known {
     pub storage: Option<StorageFacts>,
     /// `Err`: how long until the release's turn.
     pub recovery_turn: Option<Result<(), Duration>>,
@@ -41,7 +41,7 @@ pub struct Known {
 
 /// The next step for a release, decided from one fresh read.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Decision {
+pub(crate) enum Decision {
     /// Nothing to write.
     Nothing { event: Option<EventSpec> },
     /// Give up our suspension; keep the fence only when a delete is pending,
@@ -96,7 +96,7 @@ pub enum Decision {
 
 /// What a stuck release's recovery does next (SPEC §4).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Recovery {
+pub(crate) enum Recovery {
     /// Reclaim `target`, recording the uid of the revision below it.
     Start {
         target: StorageRevision,
@@ -113,7 +113,7 @@ pub enum Recovery {
 
 /// What follows the history write of [`Decision::HandOver`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum AfterHandOver {
+pub(crate) enum AfterHandOver {
     /// Lift our suspension: helm-controller's unsuspended deletion path then
     /// runs with the history.
     Lift { keep_fence: bool },
@@ -125,7 +125,7 @@ pub enum AfterHandOver {
 /// What the Helm storage of a release holds, as far as its recovery or its
 /// uninstall is concerned.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum StorageFacts {
+pub(crate) enum StorageFacts {
     Listed {
         /// The well-formed revisions, oldest first.
         revisions: Vec<StorageRevision>,
@@ -140,7 +140,7 @@ pub enum StorageFacts {
 
 /// Why a release's Helm storage cannot be read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Unreadable {
+pub(crate) enum Unreadable {
     /// The remote cluster's kubeconfig Secret is not there (yet): Cluster
     /// API and other provisioners create it after the release.
     KubeconfigMissing,
@@ -159,7 +159,7 @@ pub enum Unreadable {
 
 /// Which revision a Helm uninstall of the storage would act on.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum UninstallTarget<'a> {
+pub(crate) enum UninstallTarget<'a> {
     /// Nothing is installed: no revision, or a newest `uninstalled` one.
     Nothing,
     /// The newest revision, live: the uninstall deletes what it installed.
@@ -173,7 +173,7 @@ pub enum UninstallTarget<'a> {
 /// (`keepHistory`). Handing one of those to helm-controller would run the
 /// chart's delete hooks again and delete by name every object of an old
 /// manifest, another release's objects of the same name included.
-pub fn uninstall_target(revisions: &[StorageRevision]) -> UninstallTarget<'_> {
+pub(crate) fn uninstall_target(revisions: &[StorageRevision]) -> UninstallTarget<'_> {
     match revisions.iter().max_by_key(|r| r.revision) {
         Some(newest) if is_live(newest) => UninstallTarget::Revision(newest),
         _ => UninstallTarget::Nothing,
@@ -189,13 +189,13 @@ fn is_live(revision: &StorageRevision) -> bool {
 /// What `decide` knows besides the release and what it asked for: the
 /// clock, and how this process runs.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Context {
+pub(crate) struct Context {
     /// How long the release has been terminating (since its deletionTimestamp).
-    pub terminating_for: Option<Duration>,
+    pub(crate) terminating_for: Option<Duration>,
     /// How long ago we last warned that this release's delete is held.
-    pub since_last_fence_warning: Option<Duration>,
+    pub(crate) since_last_fence_warning: Option<Duration>,
     /// How often a held fence is re-checked (SPEC §5e).
-    pub fence_recheck_interval: Duration,
+    pub(crate) fence_recheck_interval: Duration,
     /// How long a delete may be held before we warn (SPEC §5e).
     pub fence_held_warning_after: Duration,
     /// Since when, and with what last error, the storage read a decision on
@@ -205,7 +205,7 @@ pub struct Context {
     /// Whether the fence stays on a stuck release while its recovery waits
     /// (SPEC §4.5): the controller's passes; the drain lets go of every
     /// live release instead, as its pod is going away.
-    pub holds_waiting_releases: bool,
+    pub(crate) holds_waiting_releases: bool,
     /// Whose the release's fence is, by its label (SPEC §3): another
     /// install's is left to that install; one this install keeps is
     /// labelled as its own.
@@ -223,14 +223,14 @@ pub struct Context {
 
 /// A storage read that has failed on every try since a while.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StorageFailing {
+pub(crate) struct StorageFailing {
     pub failing_for: Duration,
     pub last_error: String,
 }
 
 /// SPEC §4 steps 2-7 and §5: the decision for one fresh read of a release,
 /// or what it needs to know first.
-pub fn decide(release: &ReleaseView, known: &Known, context: &Context) -> Answer {
+pub(crate) fn decide(release: &ReleaseView, known: &Known, context: &Context) -> Answer {
     match decide_from(release, known, context) {
         Answer::Decided(decision) if context.dry_run => Answer::Decided(as_dry_run(decision)),
         answer => answer,
@@ -628,7 +628,7 @@ fn describe_revisions(revisions: &[&StorageRevision]) -> String {
 /// counts as unreadable, so nothing is handed over, our suspension is lifted
 /// and the fence let go with a Warning. Retrying the same step for ever
 /// would keep the release Terminating, under our suspension, for good.
-pub fn storage_given_up(context: &Context) -> bool {
+pub(crate) fn storage_given_up(context: &Context) -> bool {
     context
         .storage_failure
         .as_ref()
@@ -662,7 +662,7 @@ fn hold(release: &ReleaseView, context: &Context) -> Decision {
 /// SPEC §4 steps 6-7: whether the storage of a stuck release holds a
 /// revision to reclaim.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum RecoveryPlan {
+pub(crate) enum RecoveryPlan {
     /// Reclaim (delete) this revision.
     Reclaim(StorageRevision),
     /// Leave the storage alone, for the reason given.
@@ -691,7 +691,7 @@ pub enum SkipReason {
 /// Chooses the revision to reclaim (SPEC §4.6–4.7): the newest one, when
 /// its status is one Helm cannot get past by itself, unless it is the one
 /// below the revision we already reclaimed, or a deployed one.
-pub fn plan_recovery(release: &ReleaseView, revisions: &[StorageRevision]) -> RecoveryPlan {
+pub(crate) fn plan_recovery(release: &ReleaseView, revisions: &[StorageRevision]) -> RecoveryPlan {
     let Some(latest) = revisions.iter().max_by_key(|r| r.revision) else {
         return RecoveryPlan::Skip(SkipReason::NoRevisions);
     };
@@ -749,7 +749,7 @@ pub fn status_explains_stuck(status: &str) -> bool {
 }
 
 /// The revision just below `target`, whose uid the annotation records.
-pub fn revision_below<'a>(
+pub(crate) fn revision_below<'a>(
     revisions: &'a [StorageRevision],
     target: &StorageRevision,
 ) -> Option<&'a StorageRevision> {
@@ -761,7 +761,7 @@ pub fn revision_below<'a>(
 
 /// SPEC §4.8: what the read the acquire is locked on allows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum MayAcquire {
+pub(crate) enum MayAcquire {
     /// Take the suspension and the fence.
     Take,
     /// Deleted, or suspended by someone, meanwhile: not ours to take.
@@ -780,7 +780,7 @@ pub enum MayAcquire {
 /// means an owner of `false` (a backup controller's Update), which an
 /// unforced apply can never take over; a `true` set meanwhile is somebody's
 /// suspension and is never taken.
-pub fn may_take_suspension(release: &ReleaseView) -> MayAcquire {
+pub(crate) fn may_take_suspension(release: &ReleaseView) -> MayAcquire {
     if release.terminating || release.suspend {
         MayAcquire::NotOurs
     } else if !release.is_stuck() || release.recovery_disabled() {
@@ -793,13 +793,13 @@ pub fn may_take_suspension(release: &ReleaseView) -> MayAcquire {
 /// Whether a release read again mid-recovery is still the one we hold: the
 /// same uid, live, under our suspension and our fence. Only then may a step
 /// that met a 409 be sent again instead of undoing the recovery.
-pub fn still_held(release: &ReleaseView, uid: &str) -> bool {
+pub(crate) fn still_held(release: &ReleaseView, uid: &str) -> bool {
     release.uid == uid && !release.terminating && release.suspended_by_us() && release.has_fence()
 }
 
 /// Classifies the release as the recovery's last write left it (`None`:
 /// gone).
-pub fn after_recovery(last_seen: Option<&ReleaseView>) -> AfterRecovery {
+pub(crate) fn after_recovery(last_seen: Option<&ReleaseView>) -> AfterRecovery {
     match last_seen {
         None => AfterRecovery::BeingDeleted { fenced: false },
         Some(release) if release.terminating => AfterRecovery::BeingDeleted {
@@ -812,18 +812,18 @@ pub fn after_recovery(last_seen: Option<&ReleaseView>) -> AfterRecovery {
 
 /// What a guarded JSON patch must write to give up our hold on a release.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct GuardedPatch {
+pub(crate) struct GuardedPatch {
     /// Remove `spec.suspend`.
-    pub lift_suspension: bool,
+    pub(crate) lift_suspension: bool,
     /// Remove the fence at these indices of `metadata.finalizers`.
-    pub fence_indices: Vec<usize>,
+    pub(crate) fence_indices: Vec<usize>,
     /// Remove the fence's label: it goes with the last copy of the fence.
-    pub remove_label: bool,
+    pub(crate) remove_label: bool,
 }
 
 impl GuardedPatch {
     /// Nothing for a patch to write.
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         !self.lift_suspension && self.fence_indices.is_empty()
     }
 }
@@ -833,7 +833,7 @@ impl GuardedPatch {
 /// hand edit, a re-applied manifest), and `metadata.finalizers` is a set, so
 /// giving up our claim cannot remove them. The fence is flux-plunger's
 /// wherever it is: remove every copy by the guarded patch.
-pub fn fence_left_after_give_up(written: &ReleaseView) -> GuardedPatch {
+pub(crate) fn fence_left_after_give_up(written: &ReleaseView) -> GuardedPatch {
     let fence_indices = written.fence_indices();
     GuardedPatch {
         lift_suspension: false,
@@ -849,7 +849,7 @@ pub fn fence_left_after_give_up(written: &ReleaseView) -> GuardedPatch {
 /// lifts the suspension where flux-plunger alone holds it (a co-owner's
 /// suspension is never removed) and, unless the fence is kept, removes every
 /// copy of it; when the fence is kept, every copy stays.
-pub fn let_go_without_apply(release: &ReleaseView, keep_fence: bool) -> GuardedPatch {
+pub(crate) fn let_go_without_apply(release: &ReleaseView, keep_fence: bool) -> GuardedPatch {
     let fence_indices = if keep_fence {
         Vec::new()
     } else {

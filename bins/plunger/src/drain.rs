@@ -46,11 +46,11 @@ pub enum Ending {
 /// A release that still carried something of ours when the drain ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Left {
-    pub key: String,
+    pub(crate) key: String,
     /// Our suspension is still on it, not only the fence.
     pub suspended: bool,
     /// It is being deleted (the fence waits for helm-controller's uninstall).
-    pub terminating: bool,
+    pub(crate) terminating: bool,
 }
 
 impl Left {

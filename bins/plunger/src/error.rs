@@ -71,7 +71,7 @@ impl Error {
     }
 
     /// The failed request's error.
-    pub fn source(&self) -> &kube::Error {
+    pub(crate) fn source(&self) -> &kube::Error {
         match self {
             Error::ReadRelease { source, .. }
             | Error::ReadKubeconfig { source, .. }
@@ -131,7 +131,7 @@ pub fn describe(err: &kube::Error) -> String {
 }
 
 /// True when the apiserver answered `code`.
-pub fn is_api_code(err: &kube::Error, code: u16) -> bool {
+pub(crate) fn is_api_code(err: &kube::Error, code: u16) -> bool {
     matches!(err, kube::Error::Api(status) if status.code == code)
 }
 
@@ -142,7 +142,7 @@ pub fn is_api_code(err: &kube::Error, code: u16) -> bool {
 /// duplicated entry alone, and every apply naming the fence is refused until
 /// a copy goes. The apiserver reports it before a stale `resourceVersion`.
 /// The apiserver refused the caller's identity (401) or its rights (403).
-pub fn is_access_refused(err: &kube::Error) -> bool {
+pub(crate) fn is_access_refused(err: &kube::Error) -> bool {
     is_api_code(err, 401) || is_api_code(err, 403)
 }
 
@@ -178,7 +178,7 @@ const PATCH_DOES_NOT_APPLY: &str = "the server rejected our request due to an er
 /// 403), malformed (400, 405) or denied by admission (a 422 that is not a
 /// failed `test`). A race (409, a failed `test`), a missing object (404),
 /// throttling (429) and the server's own trouble (5xx) are not.
-pub fn is_permanent_refusal(err: &kube::Error) -> bool {
+pub(crate) fn is_permanent_refusal(err: &kube::Error) -> bool {
     match err {
         kube::Error::Api(status) => match status.code {
             400 | 401 | 403 | 405 => true,

@@ -37,7 +37,7 @@ impl Events {
     }
 
     /// Records `event` on `release`; logs instead of failing.
-    pub async fn record(&self, release: &ReleaseView, event: &EventSpec) {
+    pub(crate) async fn record(&self, release: &ReleaseView, event: &EventSpec) {
         let reference = ObjectReference {
             api_version: Some(HELMRELEASE_API_VERSION.to_owned()),
             kind: Some(HELMRELEASE_KIND.to_owned()),

@@ -73,24 +73,24 @@ struct StoredChartMetadata {
 
 /// One entry of helm-controller's `status.history`, as flux-plunger writes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HistorySnapshot {
+pub(crate) struct HistorySnapshot {
     /// The Helm release name: what helm-controller passes to the uninstall.
-    pub name: String,
+    pub(crate) name: String,
     /// The namespace the release is installed in.
-    pub namespace: String,
-    pub version: u64,
-    pub status: String,
-    pub chart_name: String,
-    pub chart_version: String,
-    pub app_version: Option<String>,
+    pub(crate) namespace: String,
+    pub(crate) version: u64,
+    pub(crate) status: String,
+    chart_name: String,
+    chart_version: String,
+    app_version: Option<String>,
     /// `sha256:` of the stored values, as JSON.
-    pub config_digest: String,
+    config_digest: String,
     /// `sha256:` of the stored release, as JSON.
-    pub digest: String,
+    pub(crate) digest: String,
     /// RFC 3339, whole seconds, UTC.
-    pub first_deployed: String,
-    pub last_deployed: String,
-    pub deleted: Option<String>,
+    first_deployed: String,
+    last_deployed: String,
+    pub(crate) deleted: Option<String>,
 }
 
 impl HistorySnapshot {
@@ -98,7 +98,7 @@ impl HistorySnapshot {
     /// (`base64(gzip(JSON))`, or `base64(JSON)` as older Helm stored it),
     /// which must be revision `version` of release `name`. The JSON is
     /// decoded as it inflates, bounded, and hashed on the way.
-    pub fn from_payload(payload: &[u8], name: &str, version: u64) -> Result<Self, String> {
+    pub(crate) fn from_payload(payload: &[u8], name: &str, version: u64) -> Result<Self, String> {
         let (release, digest) = decode_stored_release(payload)?;
         Self::from_release(release, digest, name, version)
     }
@@ -157,7 +157,7 @@ impl HistorySnapshot {
     }
 
     /// The entry as `status.history` holds it.
-    pub fn to_json(&self) -> Value {
+    pub(crate) fn to_json(&self) -> Value {
         let mut entry = json!({
             "name": self.name,
             "namespace": self.namespace,
@@ -199,7 +199,7 @@ impl HistorySnapshot {
     }
 
     /// `namespace/name.vN`, as helm-controller names a release in its events.
-    pub fn full_name(&self) -> String {
+    pub(crate) fn full_name(&self) -> String {
         format!("{}/{}.v{}", self.namespace, self.name, self.version)
     }
 }

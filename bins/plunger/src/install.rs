@@ -27,7 +27,7 @@ pub struct Install {
 
 /// Whose a release's fence is, by its label.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FenceHolder {
+pub(crate) enum FenceHolder {
     /// No fence's label: no fence, or one set by the original flux-plunger.
     Unlabelled,
     /// `held`, the value every install wrote before the label named one: the
@@ -74,7 +74,7 @@ impl Install {
     }
 
     /// Whose the fence of `release` is, by its label.
-    pub fn fence_holder(&self, release: &ReleaseView) -> FenceHolder {
+    pub(crate) fn fence_holder(&self, release: &ReleaseView) -> FenceHolder {
         match release.fence_label.as_deref() {
             None => FenceHolder::Unlabelled,
             Some(value) if value == self.fence_label_value => FenceHolder::ThisInstall,

@@ -91,7 +91,7 @@ impl LeaseLock {
         }
     }
 
-    pub fn identity(&self) -> &str {
+    pub(crate) fn identity(&self) -> &str {
         &self.identity
     }
 

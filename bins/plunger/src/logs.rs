@@ -23,7 +23,7 @@ use tracing_subscriber::registry::LookupSpan;
 
 /// The event formatter of `--log-encoding=json`.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct FluxJson;
+pub(crate) struct FluxJson;
 
 impl<S, N> FormatEvent<S, N> for FluxJson
 where

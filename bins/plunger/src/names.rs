@@ -5,7 +5,7 @@
 /// API group of Flux's HelmRelease.
 pub const HELMRELEASE_GROUP: &str = "helm.toolkit.fluxcd.io";
 /// API version of the HelmRelease we act on.
-pub const HELMRELEASE_VERSION: &str = "v2";
+pub(crate) const HELMRELEASE_VERSION: &str = "v2";
 /// `apiVersion` as written in a request body.
 pub const HELMRELEASE_API_VERSION: &str = "helm.toolkit.fluxcd.io/v2";
 /// Kind of the object we act on.
@@ -35,7 +35,7 @@ pub const PROCESSED_VERSION_ANNOTATION: &str = "flux-plunger.cozystack.io/last-p
 /// The uid of the revision just below the one we reclaimed, as it was then
 /// (empty when there was none). It tells that revision from one Helm created
 /// later under the same number; older flux-plungers did not write it.
-pub const PROCESSED_BELOW_UID_ANNOTATION: &str =
+pub(crate) const PROCESSED_BELOW_UID_ANNOTATION: &str =
     "flux-plunger.cozystack.io/last-processed-below-uid";
 
 /// Asks helm-controller to reconcile a release now: Flux controllers
@@ -63,9 +63,9 @@ pub const OWN_LABELS: &[&str] = &[FENCE_LABEL];
 
 /// Per-release opt-out: `disabled` keeps flux-plunger from starting a
 /// recovery of this release (it still releases its own fence and suspension).
-pub const RECOVER_ANNOTATION: &str = "flux-plunger.cozystack.io/recover";
+pub(crate) const RECOVER_ANNOTATION: &str = "flux-plunger.cozystack.io/recover";
 /// The value of [`RECOVER_ANNOTATION`] that opts a release out.
-pub const RECOVER_DISABLED: &str = "disabled";
+pub(crate) const RECOVER_DISABLED: &str = "disabled";
 
 /// The server-side-apply field manager whose `Apply` ownership of
 /// `spec.suspend` is, by definition, our suspension.

@@ -16,7 +16,7 @@ pub mod reasons {
     pub const TERMINATING_WHILE_SUSPENDED: &str = "TerminatingWhileSuspended";
     pub const UNINSTALL_FENCE_HELD: &str = "UninstallFenceHeld";
     pub const RECOVERED: &str = "Recovered";
-    pub const RECOVERY_DRY_RUN: &str = "RecoveryDryRun";
+    pub(crate) const RECOVERY_DRY_RUN: &str = "RecoveryDryRun";
     pub const REMOTE_CLUSTER_UNUSABLE: &str = "RemoteClusterUnusable";
     /// A stuck release whose storage its own ServiceAccount could not reach
     /// (Warning): left alone.
@@ -27,16 +27,16 @@ pub mod reasons {
     /// The fence was let go though nothing could uninstall the release (Warning).
     pub const RELEASED_WITHOUT_UNINSTALL: &str = "ReleasedWithoutUninstall";
     /// A copy of the fence could not be removed (Warning).
-    pub const FENCE_REMOVAL_FAILED: &str = "FenceRemovalFailed";
+    pub(crate) const FENCE_REMOVAL_FAILED: &str = "FenceRemovalFailed";
 }
 
 /// An event to record on the release.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct EventSpec {
-    pub warning: bool,
-    pub reason: &'static str,
-    pub action: &'static str,
-    pub note: String,
+pub(crate) struct EventSpec {
+    pub(crate) warning: bool,
+    pub(crate) reason: &'static str,
+    pub(crate) action: &'static str,
+    pub(crate) note: String,
 }
 
 impl EventSpec {
@@ -62,7 +62,7 @@ impl EventSpec {
 /// How a recovery's final lift left the release: what its `Recovered`
 /// event says is true now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum AfterRecovery {
+pub(crate) enum AfterRecovery {
     /// Live and unsuspended: helm-controller upgrades it again.
     Free,
     /// Live, and still suspended by another manager who co-owned the
@@ -75,7 +75,7 @@ pub enum AfterRecovery {
 
 /// SPEC §4.13: which revision was reclaimed, and what is true of the release
 /// now.
-pub fn recovered(
+pub(crate) fn recovered(
     release: &ReleaseView,
     target: &StorageRevision,
     after: AfterRecovery,
@@ -103,7 +103,7 @@ pub fn recovered(
 }
 
 /// `--dry-run`: what a recovery would have written.
-pub fn recovery_dry_run(would: &str) -> EventSpec {
+pub(crate) fn recovery_dry_run(would: &str) -> EventSpec {
     EventSpec::normal(
         reasons::RECOVERY_DRY_RUN,
         "Recover",
@@ -112,7 +112,7 @@ pub fn recovery_dry_run(would: &str) -> EventSpec {
 }
 
 /// SPEC §4.8: the suspension could not be taken.
-pub fn recovery_deferred(release: &ReleaseView) -> EventSpec {
+pub(crate) fn recovery_deferred(release: &ReleaseView) -> EventSpec {
     EventSpec::normal(
         reasons::RECOVERY_DEFERRED,
         "Suspend",
@@ -126,7 +126,7 @@ pub fn recovery_deferred(release: &ReleaseView) -> EventSpec {
 /// SPEC §4.3: a suspension that is not flux-plunger's; a Warning when
 /// flux-plunger recovered the release before (the original may have left
 /// it mid-recovery).
-pub fn suspension_not_owned(release: &ReleaseView) -> EventSpec {
+pub(crate) fn suspension_not_owned(release: &ReleaseView) -> EventSpec {
     if release.carries_processed_annotation() {
         EventSpec::warning(
             reasons::SUSPENSION_NOT_OWNED,
@@ -150,7 +150,7 @@ pub fn suspension_not_owned(release: &ReleaseView) -> EventSpec {
 
 /// SPEC §4.3: a suspension of flux-plunger's it could not lift (`error`
 /// as `error::describe` puts it).
-pub fn unsuspend_failed(release: &ReleaseView, error: &str) -> EventSpec {
+pub(crate) fn unsuspend_failed(release: &ReleaseView, error: &str) -> EventSpec {
     EventSpec::warning(
         reasons::UNSUSPEND_FAILED,
         "Unsuspend",
@@ -162,7 +162,7 @@ pub fn unsuspend_failed(release: &ReleaseView, error: &str) -> EventSpec {
 }
 
 /// SPEC §3: a copy of the fence that could not be removed.
-pub fn fence_removal_failed(release: &ReleaseView, error: &str) -> EventSpec {
+pub(crate) fn fence_removal_failed(release: &ReleaseView, error: &str) -> EventSpec {
     EventSpec::warning(
         reasons::FENCE_REMOVAL_FAILED,
         "ReleaseFence",
@@ -176,7 +176,7 @@ pub fn fence_removal_failed(release: &ReleaseView, error: &str) -> EventSpec {
 
 /// SPEC §9: a stuck release in a remote cluster whose kubeconfig is there
 /// but cannot be used.
-pub fn remote_cluster_unusable(release: &ReleaseView, why: &str) -> EventSpec {
+pub(crate) fn remote_cluster_unusable(release: &ReleaseView, why: &str) -> EventSpec {
     EventSpec::warning(
         reasons::REMOTE_CLUSTER_UNUSABLE,
         "Recover",
@@ -189,7 +189,7 @@ pub fn remote_cluster_unusable(release: &ReleaseView, why: &str) -> EventSpec {
 
 /// SPEC §9: a stuck release whose storage helm-controller, acting for it,
 /// could not reach.
-pub fn storage_out_of_reach(release: &ReleaseView, why: &str) -> EventSpec {
+pub(crate) fn storage_out_of_reach(release: &ReleaseView, why: &str) -> EventSpec {
     EventSpec::warning(
         reasons::STORAGE_OUT_OF_REACH,
         "Recover",
@@ -202,7 +202,7 @@ pub fn storage_out_of_reach(release: &ReleaseView, why: &str) -> EventSpec {
 
 /// SPEC §9: a stuck release in a remote cluster whose kubeconfig Secret does
 /// not exist (yet).
-pub fn remote_kubeconfig_missing(release: &ReleaseView, error: &str) -> EventSpec {
+pub(crate) fn remote_kubeconfig_missing(release: &ReleaseView, error: &str) -> EventSpec {
     EventSpec::warning(
         reasons::REMOTE_CLUSTER_UNUSABLE,
         "Recover",
@@ -214,7 +214,7 @@ pub fn remote_kubeconfig_missing(release: &ReleaseView, error: &str) -> EventSpe
 }
 
 /// SPEC §5b: deleted under another manager's suspension.
-pub fn terminating_while_suspended(release: &ReleaseView) -> EventSpec {
+pub(crate) fn terminating_while_suspended(release: &ReleaseView) -> EventSpec {
     if release.carries_processed_annotation() {
         EventSpec::warning(
             reasons::TERMINATING_WHILE_SUSPENDED,
@@ -237,7 +237,7 @@ pub fn terminating_while_suspended(release: &ReleaseView) -> EventSpec {
 }
 
 /// SPEC §5a: the revision handed to helm-controller's uninstall.
-pub fn uninstall_handed_over(
+pub(crate) fn uninstall_handed_over(
     release: &ReleaseView,
     snapshot: &HistorySnapshot,
     target: &StorageRevision,
@@ -259,7 +259,11 @@ pub fn uninstall_handed_over(
 
 /// SPEC §5d: the fence let go though nothing uninstalled the release: why,
 /// and what is left behind.
-pub fn released_without_uninstall(release: &ReleaseView, why: &str, left: &str) -> EventSpec {
+pub(crate) fn released_without_uninstall(
+    release: &ReleaseView,
+    why: &str,
+    left: &str,
+) -> EventSpec {
     EventSpec::warning(
         reasons::RELEASED_WITHOUT_UNINSTALL,
         "ReleaseFence",
@@ -271,7 +275,7 @@ pub fn released_without_uninstall(release: &ReleaseView, why: &str, left: &str) 
 }
 
 /// SPEC §5e: a delete held long by the fence.
-pub fn uninstall_fence_held(release: &ReleaseView, held_for: Duration) -> EventSpec {
+pub(crate) fn uninstall_fence_held(release: &ReleaseView, held_for: Duration) -> EventSpec {
     EventSpec::warning(
         reasons::UNINSTALL_FENCE_HELD,
         "HoldFence",

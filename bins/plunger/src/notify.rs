@@ -30,7 +30,7 @@ const LONGEST_RETRY_AFTER: Duration = Duration::from_secs(30);
 
 /// How one post ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Posted {
+pub(crate) enum Posted {
     /// A 2xx answer.
     Accepted,
     /// No answer: the connection failed or the post timed out.
@@ -47,7 +47,7 @@ pub enum Posted {
 /// connection failure or a 5xx answer (but 501, "not implemented") is tried
 /// again; 429 is notification-controller saying it has this event already,
 /// and any other answer will not change.
-pub fn retry_after(attempt: u32, posted: Posted) -> Option<Duration> {
+pub(crate) fn retry_after(attempt: u32, posted: Posted) -> Option<Duration> {
     let worth_retrying = match posted {
         Posted::Accepted | Posted::Unsendable => false,
         Posted::Unanswered => true,
@@ -75,7 +75,7 @@ fn event_metadata(release: &ReleaseView) -> serde_json::Map<String, Value> {
 }
 
 /// The body Flux's notification-controller accepts (`event.Event`).
-pub fn flux_event(
+fn flux_event(
     release: &ReleaseView,
     event: &EventSpec,
     instance: Option<&str>,
@@ -136,7 +136,7 @@ impl Forwarder {
     /// Posts `event` in the background, tried again as [`retry_after`]
     /// says: a slow or absent notification-controller never holds a
     /// recovery. What still fails is logged and dropped.
-    pub fn forward(&self, release: &ReleaseView, event: &EventSpec) {
+    pub(crate) fn forward(&self, release: &ReleaseView, event: &EventSpec) {
         let now = k8s_openapi::jiff::Timestamp::now().to_string();
         let body =
             Bytes::from(flux_event(release, event, self.instance.as_deref(), &now).to_string());

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 /// The limit's arithmetic, apart from the clock: `now` is the time since
 /// the limiter started.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Schedule {
+struct Schedule {
     interval: Duration,
     /// How far ahead of `now` the next free turn may be while a recovery
     /// still starts at once: the burst.
@@ -34,7 +34,7 @@ pub struct Schedule {
 const FORGET_TURNS_AFTER: Duration = Duration::from_secs(600);
 
 impl Schedule {
-    pub fn per_minute(per_minute: u32) -> Self {
+    fn per_minute(per_minute: u32) -> Self {
         let interval = Duration::from_secs(60) / per_minute.max(1);
         Self {
             interval,
@@ -45,7 +45,7 @@ impl Schedule {
     }
 
     /// Starts the recovery of `key` now, or says how long until its turn.
-    pub fn take(&mut self, key: &str, now: Duration) -> Result<(), Duration> {
+    pub(crate) fn take(&mut self, key: &str, now: Duration) -> Result<(), Duration> {
         self.turns
             .retain(|_, turn| *turn + FORGET_TURNS_AFTER > now);
         if let Some(&turn) = self.turns.get(key) {
@@ -67,7 +67,8 @@ impl Schedule {
     }
 
     /// How many releases hold a turn.
-    pub fn waiting(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn waiting(&self) -> usize {
         self.turns.len()
     }
 }
@@ -89,7 +90,7 @@ impl RateLimiter {
 
     /// Starts the recovery of the release `key` (its uid) now, or says when
     /// its turn is.
-    pub fn try_take(&self, key: &str) -> Result<(), Duration> {
+    pub(crate) fn try_take(&self, key: &str) -> Result<(), Duration> {
         self.schedule
             .lock()
             .expect("rate limiter poisoned")

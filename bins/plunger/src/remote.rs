@@ -17,7 +17,7 @@ use crate::release::view::ReleaseView;
 
 /// The kubeconfig in a Secret, found as helm-controller finds it: the key
 /// named by the reference, else `value`, else `value.yaml`.
-pub fn kubeconfig_bytes<'a>(
+fn kubeconfig_bytes<'a>(
     data: &'a BTreeMap<String, ByteString>,
     key: Option<&str>,
 ) -> Result<&'a [u8], String> {
@@ -48,7 +48,7 @@ pub fn kubeconfig_bytes<'a>(
 /// silently dropped, so the operator learns why; what is returned is rebuilt
 /// from the allowed fields alone, so a field this code does not know cannot
 /// reach the client either.
-pub fn inline_only(kubeconfig: &Kubeconfig) -> Result<Kubeconfig, String> {
+fn inline_only(kubeconfig: &Kubeconfig) -> Result<Kubeconfig, String> {
     let context_name = kubeconfig
         .current_context
         .as_deref()
@@ -205,7 +205,7 @@ fn rebuilt(
 
 /// Why there is no client for a release's remote cluster.
 #[derive(Debug)]
-pub enum RemoteError {
+pub(crate) enum RemoteError {
     /// The kubeconfig Secret could not be read (the apiserver did not
     /// answer, or refused): retried with backoff like any failed read.
     Unreadable(kube::Error),
@@ -220,7 +220,10 @@ pub enum RemoteError {
 }
 
 /// A client for the cluster the release is installed in.
-pub async fn storage_client(local: &Client, release: &ReleaseView) -> Result<Client, RemoteError> {
+pub(crate) async fn storage_client(
+    local: &Client,
+    release: &ReleaseView,
+) -> Result<Client, RemoteError> {
     let Some(reference) = &release.kube_config_secret else {
         return Err(RemoteError::Unusable("spec.kubeConfig has no secretRef (a configMapRef for cloud workload identity is not supported)".to_owned()));
     };

@@ -34,7 +34,7 @@ impl Scope {
 
     /// A listing of at most `page_size` releases a page, selected by the
     /// label selector.
-    pub fn list_params(&self, page_size: u32) -> ListParams {
+    pub(crate) fn list_params(&self, page_size: u32) -> ListParams {
         let params = ListParams::default().limit(page_size);
         match &self.label_selector {
             Some(selector) => params.labels(selector),
@@ -45,7 +45,7 @@ impl Scope {
     /// The same namespaces, with `requirement` (one label selector
     /// requirement, such as `key` or `!key`) added to the selector: both
     /// must hold.
-    pub fn narrowed(&self, requirement: &str) -> Scope {
+    pub(crate) fn narrowed(&self, requirement: &str) -> Scope {
         let label_selector = match &self.label_selector {
             Some(selector) => format!("{selector},{requirement}"),
             None => requirement.to_owned(),
@@ -83,10 +83,10 @@ pub struct ScopeArgs {
     /// Act only on HelmReleases in this namespace; repeat for several. All
     /// namespaces when unset.
     #[arg(long = "watch-namespace", value_name = "NAMESPACE")]
-    pub watch_namespaces: Vec<String>,
+    watch_namespaces: Vec<String>,
     /// Act only on HelmReleases matching this label selector.
     #[arg(long, value_name = "SELECTOR")]
-    pub watch_label_selector: Option<String>,
+    watch_label_selector: Option<String>,
 }
 
 impl ScopeArgs {

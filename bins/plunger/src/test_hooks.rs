@@ -209,7 +209,7 @@ impl SweepStep {
 
 /// Pauses at `point` if the environment asks for it (see the module doc); a
 /// no-op in a build without the `test-hooks` feature.
-pub async fn pause_at(point: &'static str) {
+pub(crate) async fn pause_at(point: &'static str) {
     #[cfg(feature = "test-hooks")]
     if let Some(pauser) = env_pauser() {
         pauser.pause(point).await;
@@ -329,7 +329,7 @@ impl EnvPauser {
 /// doc), so that a test (or the demo) can hold a real `flux-plunger` or
 /// `flux-plunger-drain` process at a step of its recovery or drain.
 #[cfg(feature = "test-hooks")]
-pub fn hooks_from_env() -> TestHooks {
+pub(crate) fn hooks_from_env() -> TestHooks {
     use futures::FutureExt;
     use std::sync::Arc;
 

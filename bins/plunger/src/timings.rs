@@ -7,67 +7,68 @@ use std::time::Duration;
 
 /// Lowest accepted grace period: below it the drain deadline (G − 25 s)
 /// leaves too little time to carry a deleted release through its uninstall.
-pub const MIN_GRACE_PERIOD_SECONDS: u64 = 40;
+const MIN_GRACE_PERIOD_SECONDS: u64 = 40;
 /// Highest accepted grace period: above it the hook's pod wait (G + 10 s)
 /// would no longer fit inside its retry window.
-pub const MAX_GRACE_PERIOD_SECONDS: u64 = 140;
+const MAX_GRACE_PERIOD_SECONDS: u64 = 140;
 /// The chart's default.
 pub const DEFAULT_GRACE_PERIOD_SECONDS: u64 = 90;
 
 /// How long the controller may take to stop after SIGTERM.
 pub const CONTROLLER_STOP_BOUND: Duration = Duration::from_secs(10);
 /// Room left before the kubelet's SIGKILL once the drain deadline passes.
-pub const KILL_MARGIN: Duration = Duration::from_secs(15);
+const KILL_MARGIN: Duration = Duration::from_secs(15);
 
 /// helm-controller's default uninstall timeout, which bounds a pre-delete hook.
 pub const HELM_CONTROLLER_UNINSTALL_TIMEOUT: Duration = Duration::from_secs(300);
 /// The hook Job's `activeDeadlineSeconds`: under helm-controller's timeout so
 /// that the Job, not helm-controller, decides how the hook ends.
-pub const HOOK_ACTIVE_DEADLINE: Duration = Duration::from_secs(240);
+const HOOK_ACTIVE_DEADLINE: Duration = Duration::from_secs(240);
 /// The window inside which the hook retries its reads and writes.
-pub const HOOK_RETRY_WINDOW: Duration = Duration::from_secs(180);
+const HOOK_RETRY_WINDOW: Duration = Duration::from_secs(180);
 /// How long past its retry window the hook may still be finishing: a last
 /// attempt started inside the window, each release's one attempt after a
 /// window spent waiting, the final listing. No request outlives it.
-pub const HOOK_FINISH_MARGIN: Duration = Duration::from_secs(30);
+const HOOK_FINISH_MARGIN: Duration = Duration::from_secs(30);
 /// What the hook's budget leaves of the Job's deadline for the pod to be
 /// scheduled and its container started (the deadline counts from the Job's
 /// start, not the process's).
-pub const HOOK_POD_START_ALLOWANCE: Duration = Duration::from_secs(30);
+#[cfg(test)]
+pub(crate) const HOOK_POD_START_ALLOWANCE: Duration = Duration::from_secs(30);
 /// How long a finished hook Job is kept so that its report can be read.
-pub const HOOK_TTL_AFTER_FINISHED: Duration = Duration::from_secs(600);
+pub(crate) const HOOK_TTL_AFTER_FINISHED: Duration = Duration::from_secs(600);
 /// Extra wait for the controller pods beyond their grace period.
-pub const HOOK_POD_WAIT_MARGIN: Duration = Duration::from_secs(10);
+pub(crate) const HOOK_POD_WAIT_MARGIN: Duration = Duration::from_secs(10);
 
 /// How often a held fence is re-checked, whether or not helm-controller writes.
-pub const FENCE_RECHECK_INTERVAL: Duration = Duration::from_secs(60);
+pub(crate) const FENCE_RECHECK_INTERVAL: Duration = Duration::from_secs(60);
 /// How long a delete may be held by the fence before `UninstallFenceHeld`.
-pub const FENCE_HELD_WARNING_AFTER: Duration = Duration::from_secs(600);
+pub(crate) const FENCE_HELD_WARNING_AFTER: Duration = Duration::from_secs(600);
 
 /// How often a waiting candidate tries for the Lease, a leader retries a
 /// renewal that failed, and the drain renews while it works.
-pub const LEASE_RETRY_PERIOD: Duration = Duration::from_secs(2);
+pub(crate) const LEASE_RETRY_PERIOD: Duration = Duration::from_secs(2);
 /// How often a leader renews its Lease while renewals succeed: ten requests a
 /// minute while idle (the original sends twelve). Short enough that a failed
 /// renewal is retried before the renew deadline; the Lease's duration does
 /// not depend on it (a leader gives up at the renew deadline whenever its
 /// last success was).
-pub const LEASE_RENEW_INTERVAL: Duration = Duration::from_secs(6);
+pub(crate) const LEASE_RENEW_INTERVAL: Duration = Duration::from_secs(6);
 /// A leader that could not renew for this long stops acting.
-pub const LEASE_RENEW_DEADLINE: Duration = Duration::from_secs(10);
+pub(crate) const LEASE_RENEW_DEADLINE: Duration = Duration::from_secs(10);
 /// Margin for clock skew between nodes on top of the Lease arithmetic.
-pub const LEASE_SKEW_MARGIN: Duration = Duration::from_secs(5);
+pub(crate) const LEASE_SKEW_MARGIN: Duration = Duration::from_secs(5);
 
 /// How long any request but a watch may wait for its whole answer
 /// (`plunger::client`). A write sent while the Lease is held is answered or
 /// abandoned before the Lease can run out: renew deadline + this < Lease
 /// duration.
-pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The end of the drain deadline kept for handing the Lease over: the drain
 /// stops working this long before its deadline, so that the handover (and
 /// the report) never run past it.
-pub const DRAIN_HANDOVER_RESERVE: Duration = Duration::from_secs(2);
+pub(crate) const DRAIN_HANDOVER_RESERVE: Duration = Duration::from_secs(2);
 
 /// A grace period that cannot be used, with the reason in its message.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -23,13 +23,13 @@ pub fn helmreleases(client: Client, namespace: &str) -> kube::Api<DynamicObject>
 /// release, pages of 500 (25 MB of JSON) took the drain and the sweep to
 /// 129 MiB over 1,000 fenced releases, past their 128Mi limits
 /// (docs/performance.md). Pages of 100, as the controller's watch lists.
-pub const LIST_PAGE_SIZE: u32 = 100;
+const LIST_PAGE_SIZE: u32 = 100;
 
 /// Every HelmRelease in `scope`, read from the apiserver page by page and
 /// decoded without its values (memory stays bounded with many releases,
 /// whatever their values hold), each turned into a view and
 /// kept when `keep` returns something.
-pub async fn list_all<T>(
+pub(crate) async fn list_all<T>(
     client: &Client,
     scope: &Scope,
     keep: impl FnMut(ReleaseView) -> Option<T>,
@@ -40,7 +40,7 @@ pub async fn list_all<T>(
 /// The HelmReleases in `scope` carrying the fence's label (selected by the
 /// apiserver), each turned into a view and kept when `keep` returns
 /// something.
-pub async fn list_labelled_fences<T>(
+async fn list_labelled_fences<T>(
     client: &Client,
     scope: &Scope,
     keep: impl FnMut(ReleaseView) -> Option<T>,
@@ -120,14 +120,14 @@ pub async fn list_own_fences_outside_selector(
 
 /// The releases carrying `install`'s fence label, in the namespaces of
 /// `scope` whatever its label selector.
-pub fn own_fences(scope: &Scope, install: &Install) -> Scope {
+fn own_fences(scope: &Scope, install: &Install) -> Scope {
     Scope {
         namespaces: scope.namespaces.clone(),
         label_selector: Some(format!("{FENCE_LABEL}={}", install.fence_label_value())),
     }
 }
 
-/// [`list_all`] with pages of `page_size` releases (tests use small pages).
+/// `list_all` with pages of `page_size` releases (tests use small pages).
 pub async fn list_in_pages<T>(
     client: &Client,
     scope: &Scope,
@@ -159,7 +159,7 @@ pub async fn list_in_pages<T>(
 /// `namespace/name` of the HelmReleases in `scope` that carry the fence
 /// without its label (fenced by an older flux-plunger), found by reading only
 /// the metadata of the releases without the label, page by page.
-pub async fn list_unlabelled_fences(
+async fn list_unlabelled_fences(
     client: &Client,
     scope: &Scope,
 ) -> kube::Result<Vec<(String, String)>> {

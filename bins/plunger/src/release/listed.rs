@@ -17,7 +17,7 @@ use serde_json::{Map, Value};
 
 /// A listed HelmRelease; `.0` is the object without `spec.values`.
 #[derive(Clone, Debug)]
-pub struct ListedRelease(pub DynamicObject);
+pub(crate) struct ListedRelease(pub(crate) DynamicObject);
 
 impl<'de> Deserialize<'de> for ListedRelease {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {

@@ -3,7 +3,7 @@
 //!
 //! The view is built from a `DynamicObject` field by field: a malformed field
 //! (a status written by a buggy tool, an unknown condition shape) becomes
-//! "absent" and is reported in [`ReleaseView::malformed`], instead of failing
+//! "absent" and is reported in `ReleaseView::malformed`, instead of failing
 //! the whole object. An absent field can only make us do less: the release is
 //! then not stuck, or not ours.
 
@@ -22,7 +22,7 @@ use crate::names::{
 
 /// The processed-revision annotation as read from a release (SPEC §4.7).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ProcessedVersion {
+pub(crate) enum ProcessedVersion {
     Absent,
     Revision(u64),
     /// Present but not a decimal revision; recovery carries on (SPEC §4.7).
@@ -39,26 +39,26 @@ pub struct ReleaseView {
     pub generation: Option<i64>,
     pub terminating: bool,
     /// When the delete was requested (`metadata.deletionTimestamp`).
-    pub deleted_at: Option<k8s_openapi::jiff::Timestamp>,
+    pub(crate) deleted_at: Option<k8s_openapi::jiff::Timestamp>,
     pub finalizers: Vec<String>,
     /// The value of the fence's label ([`FENCE_LABEL`]): which install set
     /// the fence (`crate::install`).
     pub fence_label: Option<String>,
     pub annotations: BTreeMap<String, String>,
-    pub managed_fields: Vec<ManagedFieldsEntry>,
+    pub(crate) managed_fields: Vec<ManagedFieldsEntry>,
     /// `spec.suspend`; absent counts as `false`, as helm-controller reads it.
     pub suspend: bool,
-    pub spec_release_name: Option<String>,
-    pub spec_target_namespace: Option<String>,
-    pub spec_storage_namespace: Option<String>,
+    pub(crate) spec_release_name: Option<String>,
+    pub(crate) spec_target_namespace: Option<String>,
+    pub(crate) spec_storage_namespace: Option<String>,
     /// `spec.serviceAccountName`: whom helm-controller impersonates for the
     /// release under Flux's multi-tenancy lockdown.
-    pub spec_service_account_name: Option<String>,
-    pub has_kube_config: bool,
+    pub(crate) spec_service_account_name: Option<String>,
+    pub(crate) has_kube_config: bool,
     /// `spec.kubeConfig.secretRef`: the Secret (and key) holding the
     /// kubeconfig of the cluster the release is installed in.
-    pub kube_config_secret: Option<KubeConfigSecretRef>,
-    pub ready: Option<ReadyCondition>,
+    pub(crate) kube_config_secret: Option<KubeConfigSecretRef>,
+    pub(crate) ready: Option<ReadyCondition>,
     pub observed_generation: Option<i64>,
     pub status_storage_namespace: Option<String>,
     pub status_latest_history_name: Option<String>,
@@ -67,41 +67,41 @@ pub struct ReleaseView {
     pub has_history: bool,
     /// The `Released` condition, which says how helm-controller's last Helm
     /// action ended.
-    pub released: Option<ReleasedCondition>,
+    pub(crate) released: Option<ReleasedCondition>,
     /// `status.lastHandledReconcileAt`: the reconcile request helm-controller
     /// last handled.
-    pub last_handled_reconcile_at: Option<String>,
+    pub(crate) last_handled_reconcile_at: Option<String>,
     /// `status.lastAttemptedRevision`: the chart version helm-controller
     /// last tried to release, which Flux's events carry as the revision.
-    pub last_attempted_revision: Option<String>,
+    pub(crate) last_attempted_revision: Option<String>,
     /// `status.lastAttemptedConfigDigest`: the digest of the values of that
     /// try, which Flux's events carry as the token.
-    pub last_attempted_config_digest: Option<String>,
+    pub(crate) last_attempted_config_digest: Option<String>,
     /// Fields that were present but could not be read, for a log line.
-    pub malformed: Vec<&'static str>,
+    pub(crate) malformed: Vec<&'static str>,
 }
 
 /// Where a release's remote kubeconfig is.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct KubeConfigSecretRef {
-    pub name: String,
-    pub key: Option<String>,
+pub(crate) struct KubeConfigSecretRef {
+    pub(crate) name: String,
+    pub(crate) key: Option<String>,
 }
 
 /// The `Ready` condition, as far as the stuck check needs it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ReadyCondition {
-    pub status: String,
-    pub message: String,
+pub(crate) struct ReadyCondition {
+    pub(crate) status: String,
+    pub(crate) message: String,
 }
 
 /// The `Released` condition, as far as the uninstall check needs it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ReleasedCondition {
-    pub reason: String,
+pub(crate) struct ReleasedCondition {
+    pub(crate) reason: String,
     /// The generation of the pass that set it (helm-controller sets it on
     /// every condition it writes).
-    pub observed_generation: Option<i64>,
+    pub(crate) observed_generation: Option<i64>,
 }
 
 impl ReleaseView {
@@ -211,7 +211,7 @@ impl ReleaseView {
     }
 
     /// How long the release has been terminating, at `now`.
-    pub fn terminating_for(
+    pub(crate) fn terminating_for(
         &self,
         now: k8s_openapi::jiff::Timestamp,
     ) -> Option<std::time::Duration> {
@@ -237,7 +237,7 @@ impl ReleaseView {
 
     /// helm-controller is in the middle of a pass: `Ready` is `Unknown`
     /// while its action runs.
-    pub fn helm_controller_mid_pass(&self) -> bool {
+    pub(crate) fn helm_controller_mid_pass(&self) -> bool {
         self.ready.as_ref().is_some_and(|c| c.status == "Unknown")
     }
 
@@ -278,7 +278,7 @@ impl ReleaseView {
     /// ownership of both copies with it). A copy anybody else put there (a
     /// client-side create carrying the finalizer is enough) drives nothing
     /// of SPEC §5: it is only removed.
-    pub fn fence_owned_by_us(&self) -> bool {
+    pub(crate) fn fence_owned_by_us(&self) -> bool {
         self.has_fence()
             && (self.suspended_by_us()
                 || self
@@ -307,7 +307,7 @@ impl ReleaseView {
     /// is gone and it has observed the current generation. Its pass over a
     /// release whose history it had cleared gets here without uninstalling
     /// anything: see [`Self::reported_uninstall_succeeded`].
-    pub fn delete_handled_by_helm_controller(&self) -> bool {
+    pub(crate) fn delete_handled_by_helm_controller(&self) -> bool {
         !self.has_helm_controller_finalizer()
             && self.generation.is_some()
             && self.observed_generation == self.generation
@@ -317,7 +317,7 @@ impl ReleaseView {
     /// (`Released` is `UninstallSucceeded`, set by a pass at this
     /// generation: the delete itself bumps the generation, so an older
     /// uninstall's condition never counts).
-    pub fn reported_uninstall_succeeded(&self) -> bool {
+    pub(crate) fn reported_uninstall_succeeded(&self) -> bool {
         self.released.as_ref().is_some_and(|c| {
             c.reason == UNINSTALL_SUCCEEDED_REASON
                 && c.observed_generation.is_some()
@@ -335,7 +335,7 @@ impl ReleaseView {
 
     /// helm-controller has handled the reconcile request flux-plunger made
     /// after handing it a history to uninstall from.
-    pub fn our_reconcile_request_handled(&self) -> bool {
+    pub(crate) fn our_reconcile_request_handled(&self) -> bool {
         self.annotations
             .get(RECONCILE_REQUESTED_AT_ANNOTATION)
             .is_some_and(|requested| {
@@ -345,7 +345,7 @@ impl ReleaseView {
     }
 
     /// The release is opted out of recoveries by its annotation.
-    pub fn recovery_disabled(&self) -> bool {
+    pub(crate) fn recovery_disabled(&self) -> bool {
         self.annotations
             .get(crate::names::RECOVER_ANNOTATION)
             .is_some_and(|v| v == crate::names::RECOVER_DISABLED)
@@ -357,13 +357,13 @@ impl ReleaseView {
 
     /// The uid recorded for the revision below the one we reclaimed; `None`
     /// when an older flux-plunger wrote the annotation.
-    pub fn processed_below_uid(&self) -> Option<&str> {
+    pub(crate) fn processed_below_uid(&self) -> Option<&str> {
         self.annotations
             .get(crate::names::PROCESSED_BELOW_UID_ANNOTATION)
             .map(String::as_str)
     }
 
-    pub fn processed_version(&self) -> ProcessedVersion {
+    pub(crate) fn processed_version(&self) -> ProcessedVersion {
         match self.annotations.get(PROCESSED_VERSION_ANNOTATION) {
             None => ProcessedVersion::Absent,
             Some(text) => match text.parse::<u64>() {

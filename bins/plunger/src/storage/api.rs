@@ -52,7 +52,7 @@ static PAYLOAD_READS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new
 
 /// Reads one revision's payload and makes helm-controller's history entry of
 /// it; the inner error says why the payload is not a readable release.
-pub async fn read_snapshot(
+pub(crate) async fn read_snapshot(
     client: &Client,
     revision: &StorageRevision,
     release_name: &str,
@@ -75,7 +75,10 @@ pub async fn read_snapshot(
 
 /// Deletes exactly the revision that was listed: the uid and resourceVersion
 /// preconditions refuse a Secret re-created or rewritten since.
-pub async fn delete_revision(client: &Client, revision: &StorageRevision) -> kube::Result<()> {
+pub(crate) async fn delete_revision(
+    client: &Client,
+    revision: &StorageRevision,
+) -> kube::Result<()> {
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &revision.namespace);
     let params = DeleteParams {
         preconditions: Some(Preconditions {

@@ -28,24 +28,24 @@ use crate::storage::view::StorageLocation;
 
 /// The verbs flux-plunger uses on storage Secrets: it lists a release's
 /// revisions, reads the one it hands over, deletes the one it reclaims.
-pub const STORAGE_VERBS: [&str; 3] = ["list", "get", "delete"];
+const STORAGE_VERBS: [&str; 3] = ["list", "get", "delete"];
 
 /// The ServiceAccount helm-controller acts as for a release.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ActingAccount {
-    pub namespace: String,
-    pub name: String,
+pub(crate) struct ActingAccount {
+    pub(crate) namespace: String,
+    pub(crate) name: String,
 }
 
 impl ActingAccount {
     /// The user name the apiserver gives the ServiceAccount.
-    pub fn user(&self) -> String {
+    pub(crate) fn user(&self) -> String {
         format!("system:serviceaccount:{}:{}", self.namespace, self.name)
     }
 
     /// The groups the apiserver gives a ServiceAccount it authenticates or
     /// is asked to impersonate without groups (as helm-controller asks).
-    pub fn groups(&self) -> Vec<String> {
+    pub(crate) fn groups(&self) -> Vec<String> {
         vec![
             "system:serviceaccounts".to_owned(),
             format!("system:serviceaccounts:{}", self.namespace),
@@ -57,7 +57,7 @@ impl ActingAccount {
 /// Whose access bounds flux-plunger's in a release's storage, if anyone's:
 /// the account helm-controller would impersonate, when the storage is in
 /// this cluster and in another namespace than the release's.
-pub fn account_to_review(
+pub(crate) fn account_to_review(
     release: &ReleaseView,
     location: &StorageLocation,
     default_service_account: Option<&str>,
@@ -100,7 +100,7 @@ fn review_of(account: &ActingAccount, namespace: &str, verb: &str) -> LocalSubje
 
 /// Asks the apiserver whether `account` may use every verb of
 /// [`STORAGE_VERBS`] on the Secrets of `namespace`; `Some(why)` when not.
-pub async fn refusal(
+pub(crate) async fn refusal(
     client: &Client,
     account: &ActingAccount,
     namespace: &str,

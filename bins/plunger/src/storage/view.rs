@@ -69,32 +69,32 @@ pub fn shorten_release_name(name: &str) -> String {
 
 /// One well-formed storage revision.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StorageRevision {
-    pub namespace: String,
-    pub name: String,
-    pub revision: u64,
+pub(crate) struct StorageRevision {
+    pub(crate) namespace: String,
+    pub(crate) name: String,
+    pub(crate) revision: u64,
     /// Helm's release status (`deployed`, `failed`, `uninstalling`, …).
-    pub status: String,
-    pub uid: String,
-    pub resource_version: String,
+    pub(crate) status: String,
+    pub(crate) uid: String,
+    pub(crate) resource_version: String,
 }
 
 /// A Secret that looked like storage but is not a revision we may touch.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct IgnoredSecret {
-    pub name: String,
-    pub why: String,
+pub(crate) struct IgnoredSecret {
+    pub(crate) name: String,
+    pub(crate) why: String,
 }
 
 /// A storage Secret as listed: its metadata, no payload.
-pub type ListedSecret = PartialObjectMeta<Secret>;
+pub(crate) type ListedSecret = PartialObjectMeta<Secret>;
 
 /// Sorts listed Secrets into well-formed revisions of `location` and the rest.
 /// Only a Secret whose type, labels and name all agree is a revision: a
 /// contradiction means something else wrote it, and we never delete it. The
 /// type is not in a metadata list: [`list_storage`](super::api::list_storage) asks the apiserver for
 /// Helm's storage type alone, so a Secret of another type never comes here.
-pub fn parse_revisions(
+pub(crate) fn parse_revisions(
     secrets: &[ListedSecret],
     location: &StorageLocation,
 ) -> (Vec<StorageRevision>, Vec<IgnoredSecret>) {

@@ -54,7 +54,7 @@ pub struct HookConfig {
 
 impl HookConfig {
     /// The budget of a run starting now.
-    pub fn budget(&self) -> Budget {
+    pub(crate) fn budget(&self) -> Budget {
         Budget::from_now(self.retry_window, self.finish_margin)
     }
 }
@@ -63,9 +63,9 @@ impl HookConfig {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct HookReport {
     pub lines: Vec<String>,
-    pub fenced: usize,
-    pub released: usize,
-    pub without_uninstall: usize,
+    pub(crate) fenced: usize,
+    pub(crate) released: usize,
+    pub(super) without_uninstall: usize,
     pub success: bool,
 }
 

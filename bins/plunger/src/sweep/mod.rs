@@ -78,7 +78,7 @@ pub enum NotReleased {
 
 /// Applies the plan for `release` as read; 422 (a failed `test`) or 409 mean
 /// the release changed since the read.
-pub async fn release_one(
+async fn release_one(
     client: &Client,
     release: &ReleaseView,
     plan: &ReleasePlan,

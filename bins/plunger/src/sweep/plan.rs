@@ -14,14 +14,14 @@ pub struct ReleasePlan {
     /// Lift `spec.suspend`: only where flux-plunger alone holds it.
     pub lift_suspension: bool,
     /// Indices of the fence in `metadata.finalizers` (it may appear twice).
-    pub fence_indices: Vec<usize>,
+    pub(crate) fence_indices: Vec<usize>,
     /// The fence's label goes with the fence.
-    pub remove_label: bool,
+    pub(crate) remove_label: bool,
     /// The release is being deleted, helm-controller has not uninstalled it,
     /// and the fence is all that holds it: letting it go now skips the
     /// uninstall. (Lifting a suspension alone skips nothing: helm-controller
     /// uninstalls only an unsuspended release.)
-    pub without_uninstall: bool,
+    pub(super) without_uninstall: bool,
 }
 
 impl ReleasePlan {
@@ -67,7 +67,7 @@ pub enum Suspension {
 }
 
 impl Suspension {
-    pub fn of(release: &ReleaseView) -> Self {
+    pub(crate) fn of(release: &ReleaseView) -> Self {
         if !release.suspend {
             Suspension::None
         } else if release.suspend_owned_by_us_alone() {
@@ -97,7 +97,7 @@ pub struct Row {
 
 /// Whether `list` shows a release: it carries the fence, a suspension
 /// involving flux-plunger, or one an older flux-plunger probably left.
-pub fn row_of(release: &ReleaseView) -> Option<Row> {
+pub(super) fn row_of(release: &ReleaseView) -> Option<Row> {
     let suspension = Suspension::of(release);
     let fences = release.fence_indices().len();
     let shown = fences > 0
@@ -120,12 +120,12 @@ pub fn row_of(release: &ReleaseView) -> Option<Row> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Budget {
     /// Failed steps are retried until here.
-    pub retry_until: Instant,
+    pub(super) retry_until: Instant,
     /// Every request ends by here, answered or not: a request the apiserver
     /// never answers (the client sets no read timeout) fails as timed out, so
     /// the run ends with its report instead of being killed at the Job's
     /// deadline.
-    pub finish_by: Instant,
+    finish_by: Instant,
 }
 
 impl Budget {
@@ -142,7 +142,7 @@ impl Budget {
     /// The waits between tries of a failed step: `first`, doubling up to
     /// `longest`, and no more once the next try would start after
     /// `retry_until`.
-    pub fn backoff(&self, first: Duration, longest: Duration) -> impl Backoff {
+    pub(crate) fn backoff(&self, first: Duration, longest: Duration) -> impl Backoff {
         let budget = *self;
         ExponentialBuilder::new()
             .with_min_delay(first)
@@ -160,7 +160,7 @@ impl Budget {
     }
 
     /// Runs one request, failing it if it is still pending at `finish_by`.
-    pub async fn bounded<T>(
+    pub(crate) async fn bounded<T>(
         &self,
         request: impl std::future::Future<Output = kube::Result<T>>,
     ) -> kube::Result<T> {
