@@ -1,4 +1,6 @@
-# flux-plunger: every entry point. `make help` lists them.
+# flux-plunger: every entry point. `make help` lists them. The crates are
+# where docs/architecture.md (Crates) says: crates/ the library, bins/ what
+# ships, testing/ the test world.
 #
 # Tools are built from pinned Go modules into _out/ (git-ignored); nothing is
 # downloaded from release pages. A second `make tools` is a no-op.
@@ -488,7 +490,7 @@ chart-docs-check: $(BIN)/helm-docs $(CHART)/README.md.gotmpl ## Fail when chart/
 	  || { echo "$(CHART)/README.md is not what helm-docs writes: edit $(CHART)/README.md.gotmpl or $(CHART)/values.yaml, then run make chart-docs" >&2; exit 1; }
 
 .PHONY: test-chart
-test-chart: $(TIER_TOOLS) build chart-docs-check ## The chart: README.md as helm-docs writes it, helm lint --strict, helm-unittest (chart-tests/), contract and install tests (bins/chart-contract).
+test-chart: $(TIER_TOOLS) build chart-docs-check ## The chart: README.md as helm-docs writes it, helm lint --strict, helm-unittest (chart-tests/), contract and install tests (testing/chart-contract).
 	@hack/check-no-leftovers.sh --mark
 	$(call step,chart: helm lint --strict with the default values)
 	@# helm lint takes no --api-versions: it renders in lint mode, where the
@@ -506,7 +508,7 @@ test-chart: $(TIER_TOOLS) build chart-docs-check ## The chart: README.md as helm
 	helm unittest --strict -f '../$(CHART_TESTS)/*_test.yaml' $(CHART) 2>&1 | tee $(TEST_LOG)/chart-unittest.log
 	$(call step,chart: helm-unittest suites in $(CHART_TESTS)/without-schema/ with --skip-schema-validation)
 	helm unittest --strict --skip-schema-validation -f '../$(CHART_TESTS)/without-schema/*_test.yaml' $(CHART) 2>&1 | tee $(TEST_LOG)/chart-unittest-noschema.log
-	$(call step,chart: contract tests (bins/chart-contract): the binaries' flags and timings against helm template; helm install and uninstall (its hook run for real) in the local control plane)
+	$(call step,chart: contract tests (testing/chart-contract): the binaries' flags and timings against helm template; helm install and uninstall (its hook run for real) in the local control plane)
 	cargo test --locked -p chart-contract --tests 2>&1 | tee $(TEST_LOG)/chart-contract.log
 	@hack/check-no-leftovers.sh
 
@@ -572,13 +574,13 @@ test-node: $(TOOLS) node-packages image first-release ## The chart on a real nod
 	@hack/check-no-leftovers.sh
 
 # make dist run for real, as a release runs it, into the test world's registry
-# (bins/dist/tests/dist.rs), then checked as a user checks a release: the
+# (testing/dist/tests/dist.rs), then checked as a user checks a release: the
 # last tier of make test. Its slow parts, cosign's build and the arm64 release
 # build (cold: about 9 and 7 minutes on 2 cores), run beside the tiers before
 # it (cosign in a Flux lane, make dist-binaries after make first-release),
 # so make dist finds them built and takes about two minutes.
 .PHONY: test-dist
-test-dist: $(ENVTEST_TOOLS) $(DIST_PREREQUISITES) dist-binaries ## make dist into the test world's registry with a throwaway key pair, then cosign verify (and with another key, refused), verify-attestation of the SBOM, both platforms of the index, the binaries' crate graphs and the chart pulled back (bins/dist).
+test-dist: $(ENVTEST_TOOLS) $(DIST_PREREQUISITES) dist-binaries ## make dist into the test world's registry with a throwaway key pair, then cosign verify (and with another key, refused), verify-attestation of the SBOM, both platforms of the index, the binaries' crate graphs and the chart pulled back (testing/dist).
 	@hack/check-no-leftovers.sh --mark
 	$(call step,building the dist test)
 	cargo test --locked -p dist --no-run
@@ -587,7 +589,7 @@ test-dist: $(ENVTEST_TOOLS) $(DIST_PREREQUISITES) dist-binaries ## make dist int
 	cargo test --locked -p dist --tests 2>&1 | tee $(TEST_LOG)/dist.log || { hack/failure-digest.sh $(TEST_LOG)/dist.log; exit 1; }
 	@hack/check-no-leftovers.sh
 
-# Seeds of the randomized interleavings (bins/plunger/tests/interleavings.rs)
+# Seeds of the randomized interleavings (crates/plunger/tests/interleavings.rs)
 # a soak runs; SOAK_SEED_BASE picks where they start (default: a new base each
 # run, printed, so every soak explores new seeds and any one replays).
 SOAK_SEEDS ?= 500
@@ -613,7 +615,7 @@ $(CARGO_MUTANTS):
 
 .PHONY: mutants
 mutants: $(CARGO_MUTANTS) ## Mutation testing of the decision code (.cargo/mutants.toml); not part of make test.
-	$(call step,cargo mutants over bins/plunger's decision code)
+	$(call step,cargo mutants over crates/plunger's decision code)
 	$(CARGO_MUTANTS) mutants --package plunger --test-package plunger --output $(OUT)
 
 .PHONY: test-bats

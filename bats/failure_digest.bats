@@ -13,7 +13,7 @@ setup() {
 @test "a violating seed is named with its scenario and violations, a planned panic is not" {
   cat > "$log" <<'LOG'
 running 2 tests
-thread 'tokio-rt-worker' (13297) panicked at bins/plunger/src/test_hooks.rs:342:21:
+thread 'tokio-rt-worker' (13297) panicked at crates/plunger/src/test_hooks.rs:342:21:
 test build: FLUX_PLUNGER_TEST_PANIC_AT=planned
 stack backtrace:
    0: __rustc::rust_begin_unwind
@@ -28,7 +28,7 @@ faults: 34 requests
 timeline:
    206 ms  step     Planned
   - not a violation: part of the timeline
-thread 'recoveries_raced' (16466) panicked at bins/plunger/tests/interleavings.rs:254:9:
+thread 'recoveries_raced' (16466) panicked at crates/plunger/tests/interleavings.rs:254:9:
 1 of 48 seeds violated an invariant; replay with FLUX_PLUNGER_SEEDS=17 cargo test
 stack backtrace:
    0: __rustc::rust_begin_unwind

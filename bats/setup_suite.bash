@@ -1,4 +1,4 @@
-# One local control plane (etcd + kube-apiserver, bins/testkit) for the whole
+# One local control plane (etcd + kube-apiserver, testing/testkit) for the whole
 # suite. bats runs the files one after another and the tests one at a time,
 # which these tests need: every flux-plunger-sweep acts on all namespaces.
 
@@ -43,7 +43,7 @@ setup_suite() {
 teardown_suite() {
   [ -n "${CONTROL_PLANE_PID:-}" ] || return 0
   # Its servers' supervisors stop them and remove their directory once it
-  # has gone (bins/testkit/src/process.rs).
+  # has gone (testing/testkit/src/process.rs).
   kill -TERM "$CONTROL_PLANE_PID" 2>/dev/null || true
   wait "$CONTROL_PLANE_PID" 2>/dev/null || true
   for _ in $(seq 1 100); do

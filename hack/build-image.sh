@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds, offline, the project's image (Dockerfile) and the node tier's pod
-# sandbox image (bins/pause/Dockerfile), each FROM scratch around static
+# sandbox image (testing/pause/Dockerfile), each FROM scratch around static
 # binaries built here for the musl target: with Docker where an engine
 # answers, else with buildah (its storage private to OUT_DIR, so no host image
 # store is touched). Each image is checked (every binary runs `--version` in
@@ -123,5 +123,5 @@ done
 step "image $image: $(size "$image") ($out/flux-plunger.oci.tar)"
 
 [ -z "$prebuilt" ] || exit 0
-build pause "$pause_image" "$root/bins/pause/Dockerfile" "$built/pause"
+build pause "$pause_image" "$root/testing/pause/Dockerfile" "$built/pause"
 step "pod sandbox image $pause_image: $(size "$pause_image") ($out/pause.oci.tar)"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs a command (the node tier's tests, the demo) in a sandbox of its own, in
-# which testkit starts a real node (bins/testkit/src/node.rs):
+# which testkit starts a real node (testing/testkit/src/node.rs):
 #
 # - a network namespace holding only its loopback device: testkit adds the
 #   node's addresses and the pod bridge there, so the host's interfaces,

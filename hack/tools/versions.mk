@@ -28,7 +28,7 @@ HELM_CONTROLLER_E2E_VERSIONS := v1.6.4 v1.6.1 v1.4.0
 # that builds from the module proxy. v1.9.4 to v1.9.6 need
 # github.com/fluxcd/pkg/artifact v0.18.2 or v0.18.3, which the proxy refuses
 # (403); v1.10.x declare go 1.27, newer than the Go here. With v1.9.3,
-# bins/e2e/tests/oci_chart.rs passes on every helm-controller pinned above.
+# testing/e2e/tests/oci_chart.rs passes on every helm-controller pinned above.
 SOURCE_CONTROLLER_VERSION := v1.9.3
 # Flux's notification-controller (Alerts and Providers: where flux-plunger's
 # events go), built like source-controller, its CRDs from the same version.

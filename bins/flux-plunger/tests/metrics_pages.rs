@@ -6,7 +6,7 @@
 //!
 //! The pages are kept in `chart-tests/prometheus/pages/`, and the promtool
 //! tests' input series are written from the names and label sets on them
-//! (`bins/chart-contract/tests/alerts.rs` checks that they are). This test
+//! (`testing/chart-contract/tests/alerts.rs` checks that they are). This test
 //! captures them afresh on every run and fails when a kept page no longer
 //! matches what the binary exports: a series of the kept page missing from
 //! the fresh one, or a family of the fresh one missing from the kept one.

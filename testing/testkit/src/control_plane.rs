@@ -80,7 +80,7 @@ pub fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .ancestors()
         .nth(2)
-        .expect("testkit lives at bins/testkit")
+        .expect("testkit lives at testing/testkit")
         .to_path_buf()
 }
 

@@ -305,7 +305,7 @@ fn extra_env_reaches_every_container_and_rust_log_is_read_by_the_binaries() -> R
             container["name"]
         );
     }
-    let log_init = include_str!("../../plunger/src/cli.rs");
+    let log_init = include_str!("../../../crates/plunger/src/cli.rs");
     for name in READ_BY_THE_PROCESS {
         assert!(
             log_init.contains(&format!("std::env::var(\"{name}\")")),

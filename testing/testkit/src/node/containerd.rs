@@ -151,7 +151,7 @@ state = "{d}/state"
 [plugins."io.containerd.internal.v1.opt"]
   path = "{d}/opt"
 [plugins."io.containerd.grpc.v1.cri"]
-  # Built here (bins/pause) and imported: no registry here holds
+  # Built here (testing/pause) and imported: no registry here holds
   # Kubernetes' own.
   sandbox_image = "{pause_image}"
   stream_server_address = "127.0.0.1"

@@ -6,7 +6,7 @@
 //!
 //! The ServiceAccounts are granted `cluster-admin`: these suites are about
 //! what flux-plunger does, and the guard is what holds it; the chart's own
-//! RBAC is held to the binaries by `bins/chart-contract`.
+//! RBAC is held to the binaries by `testing/chart-contract`.
 //!
 //! Most tests share one install per control plane ([`shared`]); a test whose
 //! Lease or Deployment lives in its own namespace installs the chart there

@@ -1,7 +1,7 @@
 //! A simulated helm-controller: the part of Flux's helm-controller (v1.4 to
 //! v1.6) that decides whether a deleted HelmRelease is uninstalled, step for
 //! step as its `Reconcile`, `reconcileDelete` and `reconcileReleaseDeletion`
-//! do it (checked against the real one in `bins/e2e`):
+//! do it (checked against the real one in `testing/e2e`):
 //!
 //! - a live release gets `finalizers.fluxcd.io` first;
 //! - a deleted release is uninstalled only when `spec.suspend` is not true,
