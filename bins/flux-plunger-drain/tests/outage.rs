@@ -13,36 +13,39 @@ use k8s_openapi::api::coordination::v1::Lease;
 use kube::Client;
 use kube::api::{Api, DeleteParams};
 use plunger::lease::{Attempt, LeaseLock};
-use plunger::release::view::ReleaseView;
 use serde_json::json;
+use testkit::Handled;
 use testkit::audit::{self, AuditedRequest};
 use testkit::control_plane::{AuthInfo, ControlPlane, workspace_binary};
 use testkit::process::LoggedProcess;
-use testkit::{Handled, SimulatedHelmController, TestNamespace};
 use tokio::process::Command;
 
 const POD: &str = "pod-a";
 /// `flux-plunger-drain`'s exit code when something is, or may be, left.
 const EXIT_LEFT: i32 = 3;
 
-/// A control plane of the test's own, with a namespace on it.
+/// A control plane of the test's own, with testkit's world on it.
 struct World {
     plane: ControlPlane,
-    ns: TestNamespace,
-    hc: SimulatedHelmController,
+    base: testkit::World,
     dir: tempfile::TempDir,
+}
+
+impl std::ops::Deref for World {
+    type Target = testkit::World;
+
+    fn deref(&self) -> &testkit::World {
+        &self.base
+    }
 }
 
 impl World {
     async fn start(prefix: &str) -> Result<Self> {
         let plane = ControlPlane::start_another()?;
-        let client = plane.client().await?;
-        let ns = TestNamespace::create(&client, prefix).await?;
-        let hc = SimulatedHelmController::new(client, &ns.name);
+        let base = testkit::World::on(&plane, prefix).await?;
         Ok(Self {
             plane,
-            ns,
-            hc,
+            base,
             dir: tempfile::tempdir()?,
         })
     }
@@ -69,13 +72,6 @@ impl World {
         Ok(())
     }
 
-    async fn installed(&self, name: &str) -> Result<()> {
-        self.ns.create_release(name, json!({})).await?;
-        self.hc.install(name).await?;
-        assert_eq!(self.hc.handle(name).await?, Handled::AddedFinalizer);
-        Ok(())
-    }
-
     /// Makes `identity` the holder of the namespace's Lease.
     async fn lead(&self, identity: &str) -> Result<()> {
         let mut lock = LeaseLock::new(
@@ -96,15 +92,6 @@ impl World {
             .await?
             .spec
             .and_then(|s| s.holder_identity))
-    }
-
-    async fn view(&self, name: &str) -> Result<Option<ReleaseView>> {
-        Ok(self
-            .ns
-            .releases()
-            .get_opt(name)
-            .await?
-            .map(|o| ReleaseView::from_object(&o)))
     }
 
     /// The drain sidecar of pod `POD` with grace period `grace`, idling.
@@ -140,13 +127,13 @@ async fn first_pass_done(world: &World, gone: &[&str], kept: &[&str]) -> Result<
         "the drain's first pass",
         || async {
             for name in gone {
-                let release = world.view(name).await?.context("a live release stays")?;
+                let release = world.find(name).await?.context("a live release stays")?;
                 if release.has_fence() || release.suspend {
                     return Ok(false);
                 }
             }
             for name in kept {
-                let release = world.view(name).await?.context("held by the fence")?;
+                let release = world.find(name).await?.context("held by the fence")?;
                 if release.suspend {
                     return Ok(false);
                 }
@@ -300,14 +287,14 @@ async fn a_drain_that_starts_while_the_apiserver_is_down_releases_every_live_fen
     );
     assert_eq!(status.code(), Some(EXIT_LEFT), "{log}");
     for name in ["live-a", "live-b", "live-c"] {
-        let release = world.view(name).await?.context("a live release stays")?;
+        let release = world.find(name).await?.context("a live release stays")?;
         assert!(
             !release.has_fence() && !release.suspend,
             "{name} released: {release:?}"
         );
     }
     for name in ["deleting-a", "deleting-b", "deleting-c"] {
-        let release = world.view(name).await?.context("held by the fence")?;
+        let release = world.find(name).await?.context("held by the fence")?;
         assert!(
             release.has_fence() && !release.suspend,
             "{name}: {release:?}"
@@ -356,7 +343,7 @@ async fn a_drain_whose_apiserver_is_gone_17_seconds_resumes_when_it_is_back_and_
     let log = drain.log();
 
     assert!(
-        world.view("deleting").await?.is_none(),
+        world.find("deleting").await?.is_none(),
         "the drain went on after the outage of {outage:?}: the release is gone\n{log}"
     );
     assert!(!world.hc.resources_exist("deleting").await?, "uninstalled");
@@ -444,7 +431,7 @@ async fn a_drain_whose_lease_another_pod_takes_stops_writing_for_good_names_what
         "{log}"
     );
     let held = world
-        .view("deleting")
+        .find("deleting")
         .await?
         .context("the fence holds it")?;
     assert!(held.has_fence(), "{held:?}");

@@ -10,45 +10,30 @@ use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use kube::ResourceExt;
 use kube::api::{Patch, PatchParams, PostParams};
-use plunger::events::Events;
 use plunger::names::{self, PROCESSED_VERSION_ANNOTATION};
-use plunger::reconcile::{Outcome, Reconciler};
-use plunger::release::view::ReleaseView;
+use plunger::reconcile::Outcome;
 use plunger::storage::api::list_storage;
 use plunger::storage::view::{StorageLocation, shorten_release_name};
-use plunger::timings::Timings;
 use serde_json::json;
-use testkit::{Handled, SimulatedHelmController, TestNamespace, control_plane};
-
-struct World {
-    ns: TestNamespace,
-    hc: SimulatedHelmController,
-    reconciler: Reconciler,
-}
+use testkit::World;
 
 async fn world(prefix: &str) -> Result<World> {
-    let client = control_plane().client().await?;
-    let ns = TestNamespace::create(&client, prefix).await?;
-    let hc = SimulatedHelmController::new(client, &ns.name);
-    // flux-plunger as the chart's ServiceAccount, under the chart's
-    // admission guard.
-    let flux_plunger = testkit::guard::shared()?.controller_client().await?;
-    let reconciler = Reconciler::new(
-        flux_plunger.clone(),
-        Events::new(flux_plunger, "flux-plunger", None),
-        Timings::default(),
-    );
-    Ok(World { ns, hc, reconciler })
+    World::create(prefix).await
 }
 
-impl World {
+/// What these cases add to the test world.
+trait BadInput {
     /// A release helm-controller installed, with its finalizer; storage
     /// revision 1 `superseded` and 2 `uninstalling` (the one to reclaim)
     /// under the Helm release name `storage_name`.
+    async fn release(&self, name: &str, storage_name: &str) -> Result<()>;
+    async fn secret_names(&self) -> Result<Vec<String>>;
+    async fn reconcile(&self, name: &str) -> Result<Outcome>;
+}
+
+impl BadInput for World {
     async fn release(&self, name: &str, storage_name: &str) -> Result<()> {
-        self.ns.create_release(name, json!({})).await?;
-        self.hc.install(name).await?;
-        assert_eq!(self.hc.handle(name).await?, Handled::AddedFinalizer);
+        self.installed(name).await?;
         self.ns
             .create_storage_secret(storage_name, 1, "superseded")
             .await?;
@@ -63,13 +48,7 @@ impl World {
     }
 
     async fn reconcile(&self, name: &str) -> Result<Outcome> {
-        Ok(self.reconciler.reconcile(&self.ns.name, name).await?)
-    }
-
-    async fn view(&self, name: &str) -> Result<ReleaseView> {
-        Ok(ReleaseView::from_object(
-            &self.ns.releases().get(name).await?,
-        ))
+        Ok(self.reconciler().reconcile(&self.ns.name, name).await?)
     }
 }
 

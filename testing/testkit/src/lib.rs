@@ -32,6 +32,7 @@ pub mod node;
 pub mod process;
 pub mod seeded;
 pub mod token_trap;
+pub mod world;
 
 // Flux's real helm-controller, and what it needs: a chart and a reader of
 // Helm's release storage.
@@ -53,6 +54,7 @@ pub use fault_proxy::{Fault, FaultPlan, FaultProxy, FaultReport, Hold, Rates, Ve
 pub use fixtures::{Refusal, SeenEvent, TestNamespace, eventually, is_recovered, merge};
 pub use helm_controller::{Handled, SimulatedHelmController};
 pub use seeded::SeededRng;
+pub use world::World;
 
 /// Tests that run a cluster-wide flux-plunger process (controller, drain,
 /// sweep) take turns: each acts on every namespace of the shared control

@@ -16,7 +16,6 @@ use std::time::Duration;
 
 use anyhow::Result;
 use futures::FutureExt;
-use kube::Client;
 use kube::api::{DeleteParams, DynamicObject, Patch, PatchParams};
 use plunger::decide::SkipReason;
 use plunger::events::Events;
@@ -30,42 +29,24 @@ use plunger::release::view::ReleaseView;
 use plunger::timings::Timings;
 use serde_json::{Value, json};
 use testkit::audit::AuditedRequest;
-use testkit::{
-    FaultPlan, FaultProxy, Handled, SimulatedHelmController, TestNamespace, audit, control_plane,
-};
+use testkit::{FaultPlan, FaultProxy, Handled, TestNamespace, audit, control_plane};
 
-struct World {
-    ns: TestNamespace,
-    /// The admin: the test's own arrangements.
-    client: Client,
-    /// flux-plunger: the chart's ServiceAccount, under the chart's admission
-    /// guard.
-    flux_plunger: Client,
-    hc: SimulatedHelmController,
+/// testkit's world, with what the recovery suites add to it.
+struct World(testkit::World);
+
+impl std::ops::Deref for World {
+    type Target = testkit::World;
+
+    fn deref(&self) -> &testkit::World {
+        &self.0
+    }
 }
 
 async fn world(prefix: &str) -> Result<World> {
-    let client = control_plane().client().await?;
-    let ns = TestNamespace::create(&client, prefix).await?;
-    let hc = SimulatedHelmController::new(client.clone(), &ns.name);
-    let flux_plunger = testkit::guard::shared()?.controller_client().await?;
-    Ok(World {
-        ns,
-        client,
-        flux_plunger,
-        hc,
-    })
+    Ok(World(testkit::World::create(prefix).await?))
 }
 
 impl World {
-    fn reconciler(&self) -> Reconciler {
-        Reconciler::new(
-            self.flux_plunger.clone(),
-            Events::new(self.flux_plunger.clone(), "flux-plunger", None),
-            Timings::default(),
-        )
-    }
-
     /// A reconciler for a cluster whose helm-controller impersonates
     /// `account` for a release that names no ServiceAccount.
     fn reconciler_defaulting_to(&self, account: &str) -> Reconciler {
@@ -95,28 +76,8 @@ impl World {
         )
     }
 
-    /// A release as helm-controller keeps it: installed, with its finalizer,
-    /// stuck, with storage revisions of the given statuses.
-    async fn stuck_release(&self, name: &str, revisions: &[(u64, &str)]) -> Result<DynamicObject> {
-        self.ns.create_release(name, json!({})).await?;
-        self.hc.install(name).await?;
-        assert_eq!(self.hc.handle(name).await?, Handled::AddedFinalizer);
-        for (revision, status) in revisions {
-            self.ns
-                .create_storage_secret(name, *revision, status)
-                .await?;
-        }
-        self.ns.mark_stuck(name).await
-    }
-
     async fn get(&self, name: &str) -> Result<Option<DynamicObject>> {
         Ok(self.ns.releases().get_opt(name).await?)
-    }
-
-    async fn view(&self, name: &str) -> Result<ReleaseView> {
-        Ok(ReleaseView::from_object(
-            &self.ns.releases().get(name).await?,
-        ))
     }
 
     async fn revisions(&self) -> Result<Vec<String>> {
