@@ -212,7 +212,7 @@ $(CRDS)/.notification-controller.done: hack/tools/versions.mk
 # (cold, on 2 cores: about 3.5 minutes for v1.6.4, 2 for v1.6.1 after
 # source-controller, whose packages it shares, and 4.5 for v1.4.0, on Helm v3;
 # warm: seconds).
-$(BIN)/helm-controller-%: hack/build-flux-controller.sh
+$(BIN)/helm-controller-%: hack/build-flux-controller.sh hack/module-copy.sh
 	$(call step,building helm-controller $* from github.com/fluxcd/helm-controller@$*)
 	$(NICE_BESIDE_TESTS) hack/build-flux-controller.sh github.com/fluxcd/helm-controller $* $@
 	$(call built,$(notdir $@))
@@ -223,12 +223,12 @@ $(BIN)/helm-controller-%: hack/build-flux-controller.sh
 # cores that cargo builds shared: about 13 minutes for source-controller (its
 # cloud SDKs, cosign and notation make it the largest; a 100 MB binary) and 12
 # for notification-controller; warm: seconds.
-$(BIN)/source-controller-%: hack/build-flux-controller.sh
+$(BIN)/source-controller-%: hack/build-flux-controller.sh hack/module-copy.sh
 	$(call step,building source-controller $* from github.com/fluxcd/source-controller@$* (cold: about 13 minutes))
 	$(NICE_BESIDE_TESTS) hack/build-flux-controller.sh github.com/fluxcd/source-controller $* $@
 	$(call built,$(notdir $@))
 
-$(BIN)/notification-controller-%: hack/build-flux-controller.sh
+$(BIN)/notification-controller-%: hack/build-flux-controller.sh hack/module-copy.sh
 	$(call step,building notification-controller $* from github.com/fluxcd/notification-controller@$* (cold: about 12 minutes))
 	hack/build-flux-controller.sh github.com/fluxcd/notification-controller $* $@
 	$(call built,$(notdir $@))
@@ -285,7 +285,7 @@ $(BIN)/cosign: $(COSIGN_MOD) hack/tools/cosign/tools.go
 
 # Flux's CLI (its `flux logs` reads flux-plunger's pods in the node tier),
 # from github.com/fluxcd/flux2/v2 at FLUX_CLI_VERSION.
-$(BIN)/flux: hack/build-flux-cli.sh hack/tools/versions.mk
+$(BIN)/flux: hack/build-flux-cli.sh hack/module-copy.sh hack/tools/versions.mk
 	$(call step,building Flux's CLI $(FLUX_CLI_VERSION) from github.com/fluxcd/flux2/v2 (cold: several minutes))
 	$(NICE_BESIDE_TESTS) hack/build-flux-cli.sh $(FLUX_CLI_VERSION) $@
 	$(call built,$(notdir $@))

@@ -11,10 +11,12 @@
 # binary is Flux's CLI in every command the tests use, and its `flux install`
 # has nothing to install.
 #
-# Idempotent: an OUT newer than this script is left as it is. Cold, on 2
-# shared cores, several minutes (the git providers' and cloud SDKs); warm,
-# a link.
+# Idempotent: an OUT newer than this script and hack/module-copy.sh is left
+# as it is. Cold, on 2 shared cores, several minutes (the git providers' and
+# cloud SDKs); warm, a link.
 set -euo pipefail
+# shellcheck source=hack/module-copy.sh
+source "$(dirname "$0")/module-copy.sh"
 
 if [ $# -ne 2 ]; then
   echo "usage: $0 VERSION OUT" >&2
@@ -27,26 +29,13 @@ module=github.com/fluxcd/flux2/v2
 
 say() { printf '>> flux CLI %s: %s\n' "$version" "$*"; }
 
-if [ -x "$out" ] && [ "$out" -nt "$0" ]; then
+if up_to_date "$out"; then
   say "up to date ($out)"
   exit 0
 fi
 
 started=$(date +%s)
-say "downloading $module@$version from the module proxy"
-info=$(go mod download -json "$module@$version" || true)
-dir=$(sed -n 's/^\t"Dir": "\(.*\)",$/\1/p' <<<"$info")
-if [ -z "$dir" ]; then
-  echo "$info" >&2
-  echo "could not download $module@$version (is this version served by the module proxy?)" >&2
-  exit 1
-fi
-
-work=$(mktemp -d)
-trap 'chmod -R u+w "$work" 2>/dev/null; rm -rf "$work"' EXIT
-# The module cache is read-only.
-cp -R "$dir"/. "$work"/
-chmod -R u+w "$work"
+module_copy "$module" "$version"
 mkdir -p "$work/cmd/flux/manifests"
 echo "# flux-plunger's test build: no install manifests" >"$work/cmd/flux/manifests/placeholder.yaml"
 

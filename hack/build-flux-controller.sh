@@ -15,10 +15,12 @@
 # of the same dependency versions share Go's build cache. The rest of the
 # environment passes through to `go build` (GOFLAGS).
 #
-# Idempotent: an OUT newer than this script is left as it is (OUT names the
-# version, so a new pin is a new OUT). A rebuild is cheap once the Go build
+# Idempotent: an OUT newer than this script and hack/module-copy.sh is left
+# as it is (OUT names the version, so a new pin is a new OUT). A rebuild is cheap once the Go build
 # cache is warm (a link, some seconds).
 set -euo pipefail
+# shellcheck source=hack/module-copy.sh
+source "$(dirname "$0")/module-copy.sh"
 
 if [ $# -ne 3 ]; then
   echo "usage: $0 MODULE VERSION OUT" >&2
@@ -32,26 +34,13 @@ name=${module##*/}
 
 say() { printf '>> %s %s: %s\n' "$name" "$version" "$*"; }
 
-if [ -x "$out" ] && [ "$out" -nt "$0" ]; then
+if up_to_date "$out"; then
   say "up to date ($out)"
   exit 0
 fi
 
 started=$(date +%s)
-say "downloading $module@$version from the module proxy"
-info=$(go mod download -json "$module@$version" || true)
-dir=$(sed -n 's/^\t"Dir": "\(.*\)",$/\1/p' <<<"$info")
-if [ -z "$dir" ]; then
-  echo "$info" >&2
-  echo "could not download $module@$version (is this version served by the module proxy?)" >&2
-  exit 1
-fi
-
-work=$(mktemp -d)
-trap 'chmod -R u+w "$work" 2>/dev/null; rm -rf "$work"' EXIT
-# The module cache is read-only; the copy must be writable for go.mod/go.sum.
-cp -R "$dir"/. "$work"/
-chmod -R u+w "$work"
+module_copy "$module" "$version"
 
 cd "$work"
 say "dropping the ./api replace; requiring $module/api@$version from the proxy"

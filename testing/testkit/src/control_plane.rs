@@ -47,24 +47,17 @@ pub struct ControlPlane {
     apiserver_starts: std::sync::atomic::AtomicU32,
 }
 
-// A failed start is kept too, so the other tests of the binary fail at once
-// with the same message instead of each waiting for a start of its own.
 static CONTROL_PLANE: OnceLock<Result<ControlPlane, String>> = OnceLock::new();
 
 /// The control plane of this test process, started on first use.
 ///
 /// Safe to call from inside a tokio runtime: the start runs on its own thread.
 pub fn control_plane() -> &'static ControlPlane {
-    let started = CONTROL_PLANE.get_or_init(|| {
-        std::thread::spawn(ControlPlane::start)
-            .join()
-            .map_err(|_| "the control plane start thread panicked".to_owned())?
-            .map_err(|e| format!("{e:#}"))
-    });
-    match started {
-        Ok(plane) => plane,
-        Err(e) => panic!("the local control plane did not start: {e}"),
-    }
+    crate::started::once(
+        &CONTROL_PLANE,
+        "the local control plane",
+        ControlPlane::start,
+    )
 }
 
 /// Where `make tools` put the binaries and CRDs: `$FLUX_PLUNGER_OUT` or

@@ -31,6 +31,7 @@ pub mod helm_controller;
 pub mod node;
 pub mod process;
 pub mod seeded;
+pub mod started;
 pub mod token_trap;
 pub mod world;
 

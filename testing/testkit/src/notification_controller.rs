@@ -45,16 +45,11 @@ static NOTIFICATION_CONTROLLER: OnceLock<Result<NotificationController, String>>
 /// The notification-controller of this test process, started on first use
 /// (with the control plane, if that is not up yet).
 pub fn notification_controller() -> &'static NotificationController {
-    let started = NOTIFICATION_CONTROLLER.get_or_init(|| {
-        std::thread::spawn(NotificationController::start)
-            .join()
-            .map_err(|_| "the notification-controller start thread panicked".to_owned())?
-            .map_err(|e| format!("{e:#}"))
-    });
-    match started {
-        Ok(controller) => controller,
-        Err(e) => panic!("notification-controller did not start: {e}"),
-    }
+    crate::started::once(
+        &NOTIFICATION_CONTROLLER,
+        "notification-controller",
+        NotificationController::start,
+    )
 }
 
 impl NotificationController {

@@ -56,16 +56,7 @@ static HELM_CONTROLLER: OnceLock<Result<HelmController, String>> = OnceLock::new
 /// The helm-controller of this test process, started on first use (with the
 /// control plane, if that is not up yet).
 pub fn helm_controller() -> &'static HelmController {
-    let started = HELM_CONTROLLER.get_or_init(|| {
-        std::thread::spawn(HelmController::start)
-            .join()
-            .map_err(|_| "the helm-controller start thread panicked".to_owned())?
-            .map_err(|e| format!("{e:#}"))
-    });
-    match started {
-        Ok(controller) => controller,
-        Err(e) => panic!("helm-controller did not start: {e}"),
-    }
+    crate::started::once(&HELM_CONTROLLER, "helm-controller", HelmController::start)
 }
 
 /// The helm-controller version this process runs: `$FLUX_PLUNGER_HELM_CONTROLLER_VERSION`,
@@ -82,20 +73,7 @@ const START_ATTEMPTS: usize = 3;
 
 impl HelmController {
     fn start() -> Result<Self> {
-        let mut failures = Vec::new();
-        for attempt in 1..=START_ATTEMPTS {
-            match Self::start_once() {
-                Ok(controller) => return Ok(controller),
-                Err(e) => {
-                    eprintln!("testkit: helm-controller start {attempt} failed: {e:#}");
-                    failures.push(format!("{e:#}"));
-                }
-            }
-        }
-        bail!(
-            "helm-controller did not start in {START_ATTEMPTS} attempts:\n{}",
-            failures.join("\n")
-        )
+        crate::started::with_retries("helm-controller", START_ATTEMPTS, Self::start_once)
     }
 
     fn start_once() -> Result<Self> {

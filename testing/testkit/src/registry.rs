@@ -73,16 +73,7 @@ static REGISTRY: OnceLock<Result<OciRegistry, String>> = OnceLock::new();
 /// The registry of this test process, started on first use (with the control
 /// plane, whose CA signs its certificate).
 pub fn registry() -> &'static OciRegistry {
-    let started = REGISTRY.get_or_init(|| {
-        std::thread::spawn(OciRegistry::start)
-            .join()
-            .map_err(|_| "the registry start thread panicked".to_owned())?
-            .map_err(|e| format!("{e:#}"))
-    });
-    match started {
-        Ok(registry) => registry,
-        Err(e) => panic!("the OCI registry did not start: {e}"),
-    }
+    crate::started::once(&REGISTRY, "the OCI registry", OciRegistry::start)
 }
 
 impl OciRegistry {

@@ -44,16 +44,11 @@ static SOURCE_CONTROLLER: OnceLock<Result<SourceController, String>> = OnceLock:
 /// The source-controller of this test process, started on first use (with the
 /// control plane, if that is not up yet).
 pub fn source_controller() -> &'static SourceController {
-    let started = SOURCE_CONTROLLER.get_or_init(|| {
-        std::thread::spawn(SourceController::start)
-            .join()
-            .map_err(|_| "the source-controller start thread panicked".to_owned())?
-            .map_err(|e| format!("{e:#}"))
-    });
-    match started {
-        Ok(controller) => controller,
-        Err(e) => panic!("source-controller did not start: {e}"),
-    }
+    crate::started::once(
+        &SOURCE_CONTROLLER,
+        "source-controller",
+        SourceController::start,
+    )
 }
 
 /// How many times a start is tried. source-controller needs the port of its
@@ -65,20 +60,7 @@ const START_ATTEMPTS: usize = 3;
 
 impl SourceController {
     fn start() -> Result<Self> {
-        let mut failures = Vec::new();
-        for attempt in 1..=START_ATTEMPTS {
-            match Self::start_once() {
-                Ok(controller) => return Ok(controller),
-                Err(e) => {
-                    eprintln!("testkit: source-controller start {attempt} failed: {e:#}");
-                    failures.push(format!("{e:#}"));
-                }
-            }
-        }
-        bail!(
-            "source-controller did not start in {START_ATTEMPTS} attempts:\n{}",
-            failures.join("\n")
-        )
+        crate::started::with_retries("source-controller", START_ATTEMPTS, Self::start_once)
     }
 
     fn start_once() -> Result<Self> {
