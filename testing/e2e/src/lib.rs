@@ -76,6 +76,32 @@ impl Observed {
     }
 }
 
+/// `(type, reason)` of the events flux-plunger recorded on release `name`,
+/// each once, sorted.
+pub async fn flux_plunger_events(ns: &TestNamespace, name: &str) -> Result<Vec<(String, String)>> {
+    use plunger::notices::reasons;
+    let ours = [
+        reasons::SUSPENSION_NOT_OWNED,
+        reasons::RECOVERY_DEFERRED,
+        reasons::UNSUSPEND_FAILED,
+        reasons::TERMINATING_WHILE_SUSPENDED,
+        reasons::UNINSTALL_FENCE_HELD,
+        reasons::RECOVERED,
+        reasons::UNINSTALL_HANDED_OVER,
+        reasons::RELEASED_WITHOUT_UNINSTALL,
+    ];
+    let mut seen: Vec<(String, String)> = ns
+        .events_for(name)
+        .await?
+        .into_iter()
+        .filter(|e| ours.contains(&e.reason.as_str()))
+        .map(|e| (e.type_, e.reason))
+        .collect();
+    seen.sort();
+    seen.dedup();
+    Ok(seen)
+}
+
 /// The current state of release `name`, or `None` once it is gone.
 pub async fn observe(ns: &TestNamespace, name: &str) -> Result<Option<Observed>> {
     Ok(ns.releases().get_opt(name).await?.map(|o| Observed::of(&o)))

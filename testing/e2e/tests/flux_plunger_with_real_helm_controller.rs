@@ -8,8 +8,8 @@ use std::collections::BTreeMap;
 
 use anyhow::{Context, Result};
 use e2e::{
-    FluxPlunger, Observed, Placement, apply_as_flux_plunger, delete, install, make_stuck,
-    make_stuck_as, set_suspend, wait_gone, wait_until,
+    FluxPlunger, Observed, Placement, apply_as_flux_plunger, delete, flux_plunger_events, install,
+    make_stuck, make_stuck_as, set_suspend, wait_gone, wait_until,
 };
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
@@ -58,30 +58,6 @@ fn greeting(value: &str) -> Option<BTreeMap<String, String>> {
     Some(BTreeMap::from([("greeting".to_owned(), value.to_owned())]))
 }
 
-/// `(type, reason)` of the events flux-plunger recorded on the release.
-async fn flux_plunger_events(ns: &TestNamespace) -> Result<Vec<(String, String)>> {
-    let ours = [
-        reasons::SUSPENSION_NOT_OWNED,
-        reasons::RECOVERY_DEFERRED,
-        reasons::UNSUSPEND_FAILED,
-        reasons::TERMINATING_WHILE_SUSPENDED,
-        reasons::UNINSTALL_FENCE_HELD,
-        reasons::RECOVERED,
-        reasons::UNINSTALL_HANDED_OVER,
-        reasons::RELEASED_WITHOUT_UNINSTALL,
-    ];
-    let mut seen: Vec<(String, String)> = ns
-        .events_for(RELEASE)
-        .await?
-        .into_iter()
-        .filter(|e| ours.contains(&e.reason.as_str()))
-        .map(|e| (e.type_, e.reason))
-        .collect();
-    seen.sort();
-    seen.dedup();
-    Ok(seen)
-}
-
 /// Waits for flux-plunger's events on the release to be exactly `expected`
 /// (events are written in the background, maybe after the state they report).
 async fn assert_flux_plunger_events(ns: &TestNamespace, expected: &[(&str, &str)]) -> Result<()> {
@@ -90,7 +66,7 @@ async fn assert_flux_plunger_events(ns: &TestNamespace, expected: &[(&str, &str)
         .map(|(t, r)| ((*t).to_owned(), (*r).to_owned()))
         .collect();
     let seen = wait_for("flux-plunger's events", || async {
-        let seen = flux_plunger_events(ns).await?;
+        let seen = flux_plunger_events(ns, RELEASE).await?;
         Ok((seen.len() >= expected.len()).then_some(seen))
     })
     .await?;
@@ -159,7 +135,7 @@ async fn flux_plunger_recovers_a_release_the_real_helm_controller_left_stuck() -
     // Racing helm-controller's status writes shows in the events too: a
     // recovery finished by the undo records no `Recovered`, an acquisition
     // that met two 409s a `RecoveryDeferred`. Never a warning.
-    let events = flux_plunger_events(&ns).await?;
+    let events = flux_plunger_events(&ns, RELEASE).await?;
     assert!(
         events.iter().all(|(t, r)| t == "Normal"
             && [reasons::RECOVERED, reasons::RECOVERY_DEFERRED].contains(&r.as_str())),
@@ -488,7 +464,7 @@ impl PausedRecovery {
             helmchart_deleted: !helmchart_exists(ns, RELEASE).await?,
             storage: placement.storage_statuses().await?,
             configmap_left: placement.configmap_data().await?.is_some(),
-            events: flux_plunger_events(ns).await?,
+            events: flux_plunger_events(ns, RELEASE).await?,
         })
     }
 }

@@ -419,32 +419,8 @@ async fn a_fenced_helmrelease_deleted_while_suspended_is_uninstalled_once_the_su
         o.is_observed()
     })
     .await?;
-    assert_eq!(
-        uninstalled,
-        Observed {
-            generation: 4,
-            observed_generation: Some(4),
-            finalizers: finalizers(&[FENCE_FINALIZER]),
-            deleting: true,
-            suspend: false,
-            ready: condition(
-                "False",
-                "UninstallSucceeded",
-                format!(
-                    "Helm uninstall succeeded for release {}/{RELEASE}.v1 with chart demo@1.0.0",
-                    ns.name
-                )
-            ),
-            storage_namespace: None,
-            history_len: 0,
-        }
-    );
-    assert_eq!(configmap_data(&ns).await?, None);
-    assert_eq!(storage(&ns).await?, revisions(&[]));
-    assert!(!helmchart_exists(&ns, RELEASE).await?);
-
-    remove_finalizer(&ns, RELEASE, FENCE_FINALIZER).await?;
-    wait_gone(&ns, RELEASE).await
+    assert_eq!(uninstalled, uninstalled_under_the_fence(&ns, 4));
+    nothing_left_but_the_fenced_object_then_gone(&ns).await
 }
 
 #[tokio::test]
@@ -461,32 +437,40 @@ async fn a_fenced_helmrelease_deleted_while_live_is_uninstalled_at_once() -> Res
         !o.has_helm_controller_finalizer() && o.is_observed()
     })
     .await?;
-    assert_eq!(
-        uninstalled,
-        Observed {
-            generation: 2,
-            observed_generation: Some(2),
-            finalizers: finalizers(&[FENCE_FINALIZER]),
-            deleting: true,
-            suspend: false,
-            ready: condition(
-                "False",
-                "UninstallSucceeded",
-                format!(
-                    "Helm uninstall succeeded for release {}/{RELEASE}.v1 with chart demo@1.0.0",
-                    ns.name
-                )
-            ),
-            storage_namespace: None,
-            history_len: 0,
-        }
-    );
-    assert_eq!(configmap_data(&ns).await?, None);
-    assert_eq!(storage(&ns).await?, revisions(&[]));
-    assert!(!helmchart_exists(&ns, RELEASE).await?);
+    assert_eq!(uninstalled, uninstalled_under_the_fence(&ns, 2));
+    nothing_left_but_the_fenced_object_then_gone(&ns).await
+}
 
-    remove_finalizer(&ns, RELEASE, FENCE_FINALIZER).await?;
-    wait_gone(&ns, RELEASE).await
+/// The release of `ns` as helm-controller leaves it once it has uninstalled
+/// generation `generation`: held by the fence alone, its history empty.
+fn uninstalled_under_the_fence(ns: &TestNamespace, generation: i64) -> Observed {
+    Observed {
+        generation,
+        observed_generation: Some(generation),
+        finalizers: finalizers(&[FENCE_FINALIZER]),
+        deleting: true,
+        suspend: false,
+        ready: condition(
+            "False",
+            "UninstallSucceeded",
+            format!(
+                "Helm uninstall succeeded for release {}/{RELEASE}.v1 with chart demo@1.0.0",
+                ns.name
+            ),
+        ),
+        storage_namespace: None,
+        history_len: 0,
+    }
+}
+
+/// The uninstall removed what the release installed, its storage and its
+/// HelmChart; with the fence removed, the release goes.
+async fn nothing_left_but_the_fenced_object_then_gone(ns: &TestNamespace) -> Result<()> {
+    assert_eq!(configmap_data(ns).await?, None);
+    assert_eq!(storage(ns).await?, revisions(&[]));
+    assert!(!helmchart_exists(ns, RELEASE).await?);
+    remove_finalizer(ns, RELEASE, FENCE_FINALIZER).await?;
+    wait_gone(ns, RELEASE).await
 }
 
 #[tokio::test]

@@ -36,7 +36,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use e2e::FluxPlunger;
+use e2e::{FluxPlunger, flux_plunger_events};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::{Value, json};
@@ -461,6 +461,34 @@ impl Case {
     async fn configmap(&self, name: &str) -> Result<Option<ConfigMap>> {
         Ok(self.configmaps().get_opt(name).await?)
     }
+
+    /// Whatever held the kept ConfigMap (its finalizer) lets it go.
+    async fn let_go_of_the_kept_configmap(&self) -> Result<()> {
+        self.configmaps()
+            .patch(
+                KEPT_CONFIGMAP,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// Stuck as C leaves it once helm-controller restarted: its history
+    /// cleared, the stored `uninstalling` revision called unmanaged, the
+    /// upgrade refused.
+    fn upgrade_failed_over_uninstalling(&self) -> Stuck {
+        Stuck {
+            reason: "UpgradeFailed",
+            message: format!(
+                "Helm upgrade failed for release {}/{RELEASE} with chart demo@1.0.0: \
+                 \"{RELEASE}\" has no deployed releases",
+                self.ns.name
+            ),
+            storage: pairs(&[(1, "uninstalling")]),
+            history: pairs(&[]),
+        }
+    }
 }
 
 fn pairs<T: Copy>(items: &[(T, &str)]) -> Vec<(T, String)> {
@@ -612,27 +640,12 @@ async fn a_helm_controller_killed_in_the_middle_of_an_uninstall_remediation() ->
     // The status as the pass before the kill left it names revision 1 as
     // failed: the stored `uninstalling` one no longer matches it, so
     // helm-controller calls it unmanaged, clears the history and upgrades.
-    let stuck = Stuck {
-        reason: "UpgradeFailed",
-        message: format!(
-            "Helm upgrade failed for release {}/{RELEASE} with chart demo@1.0.0: \
-             \"{RELEASE}\" has no deployed releases",
-            case.ns.name
-        ),
-        storage: pairs(&[(1, "uninstalling")]),
-        history: pairs(&[]),
-    };
+    let stuck = case.upgrade_failed_over_uninstalling();
     case.wait_stuck("stuck after the restart", &stuck, None)
         .await?;
 
     // The causes go: whatever held the ConfigMap lets go, the value is fixed.
-    case.configmaps()
-        .patch(
-            KEPT_CONFIGMAP,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"finalizers": null}})),
-        )
-        .await?;
+    case.let_go_of_the_kept_configmap().await?;
     let fixed = case.fix_the_values().await?;
     case.wait_stuck("still stuck once fixed", &stuck, Some(fixed))
         .await?;
@@ -654,31 +667,6 @@ async fn a_helm_controller_killed_in_the_middle_of_an_uninstall_remediation() ->
 }
 
 // ------------------------------- deleted while flux-plunger holds A, B or C
-
-/// `(type, reason)` of the events flux-plunger recorded on the release.
-async fn flux_plunger_events(ns: &TestNamespace) -> Result<Vec<(String, String)>> {
-    use plunger::notices::reasons;
-    let ours = [
-        reasons::SUSPENSION_NOT_OWNED,
-        reasons::RECOVERY_DEFERRED,
-        reasons::UNSUSPEND_FAILED,
-        reasons::TERMINATING_WHILE_SUSPENDED,
-        reasons::UNINSTALL_FENCE_HELD,
-        reasons::RECOVERED,
-        reasons::UNINSTALL_HANDED_OVER,
-        reasons::RELEASED_WITHOUT_UNINSTALL,
-    ];
-    let mut seen: Vec<(String, String)> = ns
-        .events_for(RELEASE)
-        .await?
-        .into_iter()
-        .filter(|e| ours.contains(&e.reason.as_str()))
-        .map(|e| (e.type_, e.reason))
-        .collect();
-    seen.sort();
-    seen.dedup();
-    Ok(seen)
-}
 
 /// Who handles the delete that lands while flux-plunger holds the release.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -875,7 +863,7 @@ impl Case {
             storage: revision_statuses(&ns.secrets(), RELEASE).await?,
             kept_configmap_left: self.configmap(KEPT_CONFIGMAP).await?.is_some(),
             extra_configmap_left: self.configmap(EXTRA_CONFIGMAP).await?.is_some(),
-            events: flux_plunger_events(ns).await?,
+            events: flux_plunger_events(ns, RELEASE).await?,
         };
         eprintln!(
             "{} on helm-controller {}: after the delete: {after:?}\nflux-plunger's log:\n{}",
@@ -1045,25 +1033,10 @@ async fn c_deleted(name: &'static str, first: First) -> Result<()> {
     .await?;
     case.helm_controller.kill().await?;
     case.helm_controller.start_again().await?;
-    let stuck = Stuck {
-        reason: "UpgradeFailed",
-        message: format!(
-            "Helm upgrade failed for release {}/{RELEASE} with chart demo@1.0.0: \
-             \"{RELEASE}\" has no deployed releases",
-            case.ns.name
-        ),
-        storage: pairs(&[(1, "uninstalling")]),
-        history: pairs(&[]),
-    };
+    let stuck = case.upgrade_failed_over_uninstalling();
     case.wait_stuck("stuck after the restart", &stuck, None)
         .await?;
-    case.configmaps()
-        .patch(
-            KEPT_CONFIGMAP,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"finalizers": null}})),
-        )
-        .await?;
+    case.let_go_of_the_kept_configmap().await?;
 
     let after = case.delete_while_flux_plunger_holds_it(first).await?;
     assert_eq!(
@@ -1073,7 +1046,7 @@ async fn c_deleted(name: &'static str, first: First) -> Result<()> {
     );
     case.assert_uninstalled(&after);
     let handed_over = wait_for("flux-plunger's UninstallHandedOver event", || async {
-        let events = flux_plunger_events(&case.ns).await?;
+        let events = flux_plunger_events(&case.ns, RELEASE).await?;
         Ok(events
             .contains(&(
                 "Normal".to_owned(),
