@@ -5,12 +5,15 @@ use std::time::Duration;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{FieldsV1, ManagedFieldsEntry};
 use serde_json::json;
 
+use super::recovery::*;
+use super::storage::*;
 use super::*;
 use crate::history::HistorySnapshot;
 use crate::names::{
     FENCE_FINALIZER, HELM_CONTROLLER_FINALIZER, LEGACY_FENCE_LABEL_VALUE,
     PROCESSED_BELOW_UID_ANNOTATION, PROCESSED_VERSION_ANNOTATION,
 };
+use crate::notices::AfterRecovery;
 use crate::release::view::{ReadyCondition, ReleasedCondition};
 
 const MINUTE: Duration = Duration::from_secs(60);
