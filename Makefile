@@ -323,13 +323,18 @@ $(RUST_AUDIT_INFO_STAMP):
 
 # Debian packages installed by name with apt-get when one is missing, a no-op
 # once they are there: $(1) the packages, then each printed with its version.
+# apt-get refuses to run while another holds its lock, and make runs the
+# node's and make dist's installs side by side on a fresh machine: each takes
+# APT_LOCK first, so the second waits for the first (and finds less to do).
+APT_LOCK := /var/lock/flux-plunger-apt.lock
 define debian_packages
 	@missing=$$(for p in $(1); do \
 	  dpkg-query -W -f='$${Status}' "$$p" 2>/dev/null | grep -q 'install ok installed' || echo "$$p"; done); \
 	if [ -n "$$missing" ]; then \
 	  printf '\n\033[1m>> %s\033[0m\n' "installing Debian packages: $$missing (apt-get; about a minute)"; \
 	  command -v apt-get >/dev/null || { echo "apt-get is missing: install $$missing by hand" >&2; exit 1; }; \
-	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing; \
+	  flock --timeout 900 $(APT_LOCK) sh -c 'apt-get update -q && \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends -o DPkg::Lock::Timeout=300 '"$$missing"; \
 	fi
 	@dpkg-query -W -f='   $${Package} $${Version}\n' $(1)
 endef
