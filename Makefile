@@ -340,10 +340,18 @@ define debian_packages
 endef
 
 # A Rust standard library of target $(1), added by rustup when missing.
+# Two rustup installs side by side (make runs the image's and make dist's
+# targets so on a fresh machine) each rewrite the toolchain's record of its
+# components, and one of them is lost: its files stay, and every later
+# `rustup target add` of it fails on them. RUSTUP_LOCK keeps them one at a
+# time, and the check runs again once it is held.
+RUSTUP_LOCK := $${RUSTUP_HOME:-$$HOME/.rustup}/flux-plunger-target.lock
 define rust_target
-	@rustup target list --installed | grep -qx '$(1)' || { \
-	  printf '\n\033[1m>> %s\033[0m\n' "rustup target add $(1)"; \
-	  rustup target add $(1); }
+	@rustup target list --installed | grep -qx '$(1)' || \
+	  flock --timeout 900 "$(RUSTUP_LOCK)" sh -c ' \
+	    rustup target list --installed | grep -qx "$(1)" && exit 0; \
+	    printf "\n\033[1m>> %s\033[0m\n" "rustup target add $(1)"; \
+	    rustup target add $(1)'
 endef
 
 # The node's Debian packages (NODE_DEBIAN_PACKAGES in versions.mk).
