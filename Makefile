@@ -330,11 +330,13 @@ APT_LOCK := /var/lock/flux-plunger-apt.lock
 define debian_packages
 	@missing=$$(for p in $(1); do \
 	  dpkg-query -W -f='$${Status}' "$$p" 2>/dev/null | grep -q 'install ok installed' || echo "$$p"; done); \
+	missing=$$(echo $$missing); \
 	if [ -n "$$missing" ]; then \
 	  printf '\n\033[1m>> %s\033[0m\n' "installing Debian packages: $$missing (apt-get; about a minute)"; \
 	  command -v apt-get >/dev/null || { echo "apt-get is missing: install $$missing by hand" >&2; exit 1; }; \
 	  flock --timeout 900 $(APT_LOCK) sh -c 'apt-get update -q && \
-	    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends -o DPkg::Lock::Timeout=300 '"$$missing"; \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends -o DPkg::Lock::Timeout=300 "$$@"' \
+	    apt-get $$missing; \
 	fi
 	@dpkg-query -W -f='   $${Package} $${Version}\n' $(1)
 endef
