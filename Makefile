@@ -595,7 +595,7 @@ test-node: $(TOOLS) node-packages image first-release ## The chart on a real nod
 # it (cosign in a Flux lane, make dist-binaries after make first-release),
 # so make dist finds them built and takes about two minutes.
 .PHONY: test-dist
-test-dist: $(ENVTEST_TOOLS) $(DIST_PREREQUISITES) dist-binaries ## make dist into the test world's registry with a throwaway key pair, then cosign verify (and with another key, refused), verify-attestation of the SBOM, both platforms of the index, the binaries' crate graphs and the chart pulled back (testing/dist).
+test-dist: $(ENVTEST_TOOLS) $(SOURCE_CONTROLLER) $(DIST_PREREQUISITES) dist-binaries ## make dist into the test world's registry with a throwaway key pair, then cosign verify (and with another key, refused), verify-attestation of the SBOM, both platforms of the index, the binaries' crate graphs, the chart pulled back, and the chart verified by the real source-controller's OCIRepository spec.verify (testing/dist).
 	@hack/check-no-leftovers.sh --mark
 	$(call step,building the dist test)
 	cargo test --locked -p dist --no-run

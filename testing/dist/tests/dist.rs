@@ -7,7 +7,9 @@
 //! image whose binaries are static, of their platform's machine, and carry
 //! their crate graph; the SBOM attestation verifies and lists every crate
 //! they carry; the chart pulled back is the workspace's version and runs the
-//! pushed image by default.
+//! pushed image by default; and Flux's real source-controller, given the
+//! release's public key in an `OCIRepository`'s `spec.verify`, serves the
+//! chart, and given another key refuses it.
 //!
 //! `make dist` runs once per test process, on first use; `make test-dist`
 //! runs this file.
@@ -16,13 +18,18 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::OnceLock;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 use base64::Engine;
 use dist::{EM_AARCH64, EM_X86_64, Elf, Layout, audit_data, crates, layer_files, str_field};
-use serde_json::Value;
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Api, DynamicObject, PostParams};
+use serde_json::{Value, json};
 use testkit::control_plane::{helm, out_dir, tool, workspace_root};
 use testkit::registry::registry;
+use testkit::source_controller::{HELM_CHART_LAYER, ocirepository_resource, source_controller};
+use testkit::{TestNamespace, control_plane};
 
 /// The workspace's version, which every crate inherits: what make dist
 /// releases.
@@ -581,4 +588,129 @@ fn the_chart_pulled_back_is_the_workspace_version_and_runs_the_pushed_image() ->
         "the images the chart's pods run"
     );
     Ok(())
+}
+
+/// How long source-controller may take to pull and verify the chart.
+const VERIFY_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// A Flux user verifies the chart as docs/releasing.md says, by
+/// `spec.verify` on the README's `OCIRepository`: the real source-controller
+/// accepts what make dist signed with the release key, and refuses it with
+/// another.
+#[tokio::test]
+async fn flux_verifies_the_chart_with_the_release_key_and_refuses_it_with_another() -> Result<()> {
+    let release = release();
+    source_controller();
+    let client = control_plane().client().await?;
+    let ns = TestNamespace::create(&client, "dist-verify").await?;
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns.name);
+    let sources: Api<DynamicObject> =
+        Api::namespaced_with(client.clone(), &ns.name, &ocirepository_resource());
+    for pair in ["release", "other"] {
+        let key = std::fs::read_to_string(release.key(pair))?;
+        let secret = json!({
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": format!("cosign-{pair}")},
+            "stringData": {"cosign.pub": key},
+        });
+        secrets
+            .create(&PostParams::default(), &serde_json::from_value(secret)?)
+            .await?;
+        let source = json!({
+            "apiVersion": "source.toolkit.fluxcd.io/v1",
+            "kind": "OCIRepository",
+            "metadata": {"name": pair},
+            "spec": {
+                "interval": "1h",
+                "url": format!("oci://{}", release.chart),
+                "ref": {"tag": VERSION},
+                "layerSelector": {"mediaType": HELM_CHART_LAYER, "operation": "copy"},
+                "verify": {"provider": "cosign", "secretRef": {"name": format!("cosign-{pair}")}},
+            },
+        });
+        sources
+            .create(&PostParams::default(), &serde_json::from_value(source)?)
+            .await?;
+    }
+
+    let verified = verification_of(&sources, "release").await?;
+    assert_eq!(
+        verified.condition["status"], "True",
+        "SourceVerified with the release key: {:#}",
+        verified.status
+    );
+    assert_eq!(
+        verified.status["artifact"]["revision"],
+        format!("{VERSION}@{}", release.chart_digest),
+        "the artifact source-controller serves: {:#}",
+        verified.status
+    );
+    assert!(
+        is_true(&verified.status, "Ready"),
+        "Ready with the release key: {:#}",
+        verified.status
+    );
+
+    let refused = verification_of(&sources, "other").await?;
+    assert_eq!(
+        (&refused.condition["status"], &refused.condition["reason"]),
+        (&json!("False"), &json!("VerificationError")),
+        "SourceVerified with another key: {:#}",
+        refused.status
+    );
+    assert!(
+        refused.status["artifact"].is_null() && !is_true(&refused.status, "Ready"),
+        "a chart whose signature did not verify is served: {:#}",
+        refused.status
+    );
+    Ok(())
+}
+
+/// An `OCIRepository`'s status once source-controller has decided on its
+/// signature, and the `SourceVerified` condition it wrote for the generation
+/// it read.
+struct Verification {
+    status: Value,
+    condition: Value,
+}
+
+/// Waits until source-controller has written `SourceVerified` for the current
+/// generation of OCIRepository `name`: the end of its verification, passed or
+/// refused. On timeout, the error carries source-controller's log.
+async fn verification_of(sources: &Api<DynamicObject>, name: &str) -> Result<Verification> {
+    let deadline = Instant::now() + VERIFY_TIMEOUT;
+    loop {
+        let source = sources.get(name).await?;
+        let generation = source.metadata.generation;
+        let status = source.data["status"].clone();
+        let condition = status["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|c| {
+                c["type"] == "SourceVerified" && c["observedGeneration"].as_i64() == generation
+            })
+            .cloned();
+        if let Some(condition) = condition {
+            return Ok(Verification { status, condition });
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "source-controller did not verify OCIRepository {name} in {}s; its status: {status:#}\n\
+                 source-controller log:\n{}",
+                VERIFY_TIMEOUT.as_secs(),
+                source_controller().controller.log_tail(40)
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+fn is_true(status: &Value, condition: &str) -> bool {
+    status["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|c| c["type"] == condition && c["status"] == "True")
 }
