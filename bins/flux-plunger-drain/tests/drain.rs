@@ -21,15 +21,30 @@ struct Sidecar {
     _dir: tempfile::TempDir,
 }
 
-/// Starts the sidecar as the chart installed in `ns` runs it (its
-/// ServiceAccount, its admission guard, its Lease) and waits until it idles,
-/// signal handlers installed.
-async fn start(ns: &TestNamespace, grace: &str) -> Result<Sidecar> {
-    start_with(ns, grace, &[]).await
+/// How a drain ended: its exit status, its log, and how long it took from
+/// SIGTERM to the exit.
+type Drained = (std::process::ExitStatus, String, Duration);
+
+/// One drain as a pod's stop runs it: the sidecar started (see [`start`]),
+/// then sent SIGTERM once it idles.
+async fn drain(ns: &TestNamespace, grace: &str) -> Result<Drained> {
+    start(ns, grace, &[]).await?.terminate().await
 }
 
-/// [`start`] with extra flags.
-async fn start_with(ns: &TestNamespace, grace: &str, extra: &[String]) -> Result<Sidecar> {
+/// [`drain`] scoped by its flags to `ns` and the releases labelled
+/// `tenant=a` (see [`label_tenant_a`]).
+async fn scoped_drain(ns: &TestNamespace) -> Result<Drained> {
+    let scope = [
+        format!("--watch-namespace={}", ns.name),
+        "--watch-label-selector=tenant=a".to_owned(),
+    ];
+    start(ns, "90", &scope).await?.terminate().await
+}
+
+/// Starts the sidecar as the chart installed in `ns` runs it (its
+/// ServiceAccount, its admission guard, its Lease), with `extra` flags, and
+/// waits until it idles, signal handlers installed.
+async fn start(ns: &TestNamespace, grace: &str, extra: &[String]) -> Result<Sidecar> {
     let dir = tempfile::tempdir()?;
     let kubeconfig = dir.path().join("kubeconfig");
     ns.guarded()
@@ -53,7 +68,7 @@ async fn start_with(ns: &TestNamespace, grace: &str, extra: &[String]) -> Result
 
 impl Sidecar {
     /// Sends SIGTERM and waits for the exit.
-    async fn terminate(mut self) -> Result<(std::process::ExitStatus, String, Duration)> {
+    async fn terminate(mut self) -> Result<Drained> {
         let started = Instant::now();
         let status = self.process.terminate(Duration::from_secs(150)).await?;
         let took = started.elapsed();
@@ -99,6 +114,43 @@ async fn installed(ns: &TestNamespace, hc: &SimulatedHelmController, name: &str)
     Ok(())
 }
 
+/// [`installed`], then held by flux-plunger's fence and, with `suspend`, its
+/// suspension, as a process stopped mid-recovery leaves it.
+async fn fenced(
+    ns: &TestNamespace,
+    hc: &SimulatedHelmController,
+    name: &str,
+    suspend: bool,
+) -> Result<()> {
+    installed(ns, hc, name).await?;
+    ns.apply_as_flux_plunger(name, suspend).await?;
+    Ok(())
+}
+
+/// Labels `name` `tenant=a`, the selector [`scoped_drain`] watches.
+async fn label_tenant_a(ns: &TestNamespace, name: &str) -> Result<()> {
+    ns.releases()
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"tenant": "a"}}})),
+        )
+        .await?;
+    Ok(())
+}
+
+/// [`fenced`] with the suspension, then deleted: `Terminating`, its
+/// uninstall waiting for the fence to go.
+async fn deleted_while_fenced(
+    ns: &TestNamespace,
+    hc: &SimulatedHelmController,
+    name: &str,
+) -> Result<()> {
+    fenced(ns, hc, name, true).await?;
+    ns.releases().delete(name, &DeleteParams::default()).await?;
+    Ok(())
+}
+
 async fn view(ns: &TestNamespace, name: &str) -> Result<Option<ReleaseView>> {
     Ok(ns
         .releases()
@@ -111,18 +163,15 @@ async fn view(ns: &TestNamespace, name: &str) -> Result<Option<ReleaseView>> {
 async fn a_drain_releases_live_fences_and_leaves_foreign_suspensions_alone() -> Result<()> {
     let _turn = testkit::cluster_wide_turn().await;
     let (ns, hc) = setup("drain-live").await?;
-    installed(&ns, &hc, "mid-recovery").await?;
-    ns.apply_as_flux_plunger("mid-recovery", true).await?;
-    installed(&ns, &hc, "bare-fence").await?;
-    ns.apply_as_flux_plunger("bare-fence", false).await?;
+    fenced(&ns, &hc, "mid-recovery", true).await?;
+    fenced(&ns, &hc, "bare-fence", false).await?;
     installed(&ns, &hc, "foreign").await?;
     ns.update_suspend_as("foreign", "kubectl-patch", true)
         .await?;
     ns.apply_as_flux_plunger("foreign", false).await?;
     lead(&ns, POD).await?;
 
-    let sidecar = start(&ns, "90").await?;
-    let (status, log, took) = sidecar.terminate().await?;
+    let (status, log, took) = drain(&ns, "90").await?;
 
     assert!(status.success(), "{status:?}");
     assert!(
@@ -155,14 +204,12 @@ async fn a_drain_writes_each_unchanged_fence_once_from_its_listing() -> Result<(
     let (ns, hc) = setup("drain-once").await?;
     let names: Vec<String> = (0..5).map(|i| format!("held-{i}")).collect();
     for name in &names {
-        installed(&ns, &hc, name).await?;
-        ns.apply_as_flux_plunger(name, true).await?;
+        fenced(&ns, &hc, name, true).await?;
     }
     lead(&ns, POD).await?;
 
     let offset = testkit::audit::mark();
-    let sidecar = start(&ns, "90").await?;
-    let (status, log, _) = sidecar.terminate().await?;
+    let (status, log, _) = drain(&ns, "90").await?;
     assert!(status.success(), "{status:?}\n{log}");
     for name in &names {
         let release = view(&ns, name).await?.unwrap();
@@ -193,16 +240,11 @@ async fn a_drain_writes_each_unchanged_fence_once_from_its_listing() -> Result<(
 async fn a_drain_carries_a_deleted_release_through_the_uninstall() -> Result<()> {
     let _turn = testkit::cluster_wide_turn().await;
     let (ns, hc) = setup("drain-delete").await?;
-    installed(&ns, &hc, "web").await?;
-    ns.apply_as_flux_plunger("web", true).await?;
-    ns.releases()
-        .delete("web", &DeleteParams::default())
-        .await?;
+    deleted_while_fenced(&ns, &hc, "web").await?;
     lead(&ns, POD).await?;
     let (helm_controller, stop) = hc.clone().spawn(Duration::from_millis(300));
 
-    let sidecar = start(&ns, "90").await?;
-    let (status, log, _) = sidecar.terminate().await?;
+    let (status, log, _) = drain(&ns, "90").await?;
     stop.store(true, std::sync::atomic::Ordering::SeqCst);
     helm_controller.await?;
 
@@ -221,16 +263,11 @@ async fn a_drain_carries_a_deleted_release_through_the_uninstall() -> Result<()>
 async fn when_helm_controller_never_answers_the_fence_outlives_the_deadline() -> Result<()> {
     let _turn = testkit::cluster_wide_turn().await;
     let (ns, hc) = setup("drain-deadline").await?;
-    installed(&ns, &hc, "web").await?;
-    ns.apply_as_flux_plunger("web", true).await?;
-    ns.releases()
-        .delete("web", &DeleteParams::default())
-        .await?;
+    deleted_while_fenced(&ns, &hc, "web").await?;
     lead(&ns, POD).await?;
 
     // G = 40 s: the drain deadline is 15 s.
-    let sidecar = start(&ns, "40").await?;
-    let (status, log, took) = sidecar.terminate().await?;
+    let (status, log, took) = drain(&ns, "40").await?;
 
     assert_eq!(
         status.code(),
@@ -270,13 +307,11 @@ async fn when_helm_controller_never_answers_the_fence_outlives_the_deadline() ->
 async fn a_pod_that_never_led_does_not_drain() -> Result<()> {
     let _turn = testkit::cluster_wide_turn().await;
     let (ns, hc) = setup("drain-follower").await?;
-    installed(&ns, &hc, "web").await?;
-    ns.apply_as_flux_plunger("web", true).await?;
+    fenced(&ns, &hc, "web", true).await?;
     lead(&ns, "another-pod").await?;
     let before = ns.releases().get("web").await?;
 
-    let sidecar = start(&ns, "90").await?;
-    let (status, log, _) = sidecar.terminate().await?;
+    let (status, log, _) = drain(&ns, "90").await?;
 
     assert!(status.success());
     assert!(log.contains("not the last leader"), "{log}");
@@ -293,8 +328,7 @@ async fn a_pod_that_never_led_does_not_drain() -> Result<()> {
 async fn a_lease_that_ran_out_while_nobody_took_it_is_still_drained() -> Result<()> {
     let _turn = testkit::cluster_wide_turn().await;
     let (ns, hc) = setup("drain-overrun").await?;
-    installed(&ns, &hc, "web").await?;
-    ns.apply_as_flux_plunger("web", true).await?;
+    fenced(&ns, &hc, "web", true).await?;
     lead(&ns, POD).await?;
     // The controller overran its stop: its last renewal is long past.
     let leases: Api<Lease> = Api::namespaced(ns.client.clone(), &ns.name);
@@ -306,8 +340,7 @@ async fn a_lease_that_ran_out_while_nobody_took_it_is_still_drained() -> Result<
         )
         .await?;
 
-    let sidecar = start(&ns, "90").await?;
-    let (status, log, _) = sidecar.terminate().await?;
+    let (status, log, _) = drain(&ns, "90").await?;
 
     assert!(status.success());
     assert!(log.contains("drain complete"), "{log}");
@@ -361,8 +394,7 @@ async fn a_fence_another_manager_also_lists_is_released_and_the_log_says_so_trut
     lead(&ns, POD).await?;
 
     // G = 40 s: a fence that never goes ends the drain at 15 s.
-    let sidecar = start(&ns, "40").await?;
-    let (status, log, _) = sidecar.terminate().await?;
+    let (status, log, _) = drain(&ns, "40").await?;
 
     assert!(status.success(), "{status:?}");
     assert!(log.contains("drain complete: no fence left"), "{log}");
@@ -379,38 +411,14 @@ async fn a_scoped_drain_releases_only_the_fences_in_its_namespaces_and_selector(
     let theirs = TestNamespace::create(&ours.client, "drain-other-tenant").await?;
     let their_hc = SimulatedHelmController::new(ours.client.clone(), &theirs.name);
     for name in ["in-scope", "unlabelled"] {
-        installed(&ours, &hc, name).await?;
-        ours.apply_as_flux_plunger(name, true).await?;
+        fenced(&ours, &hc, name, true).await?;
     }
-    ours.releases()
-        .patch(
-            "in-scope",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"labels": {"tenant": "a"}}})),
-        )
-        .await?;
-    installed(&theirs, &their_hc, "held").await?;
-    theirs.apply_as_flux_plunger("held", true).await?;
-    theirs
-        .releases()
-        .patch(
-            "held",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"labels": {"tenant": "a"}}})),
-        )
-        .await?;
+    label_tenant_a(&ours, "in-scope").await?;
+    fenced(&theirs, &their_hc, "held", true).await?;
+    label_tenant_a(&theirs, "held").await?;
     lead(&ours, POD).await?;
 
-    let sidecar = start_with(
-        &ours,
-        "90",
-        &[
-            format!("--watch-namespace={}", ours.name),
-            "--watch-label-selector=tenant=a".to_owned(),
-        ],
-    )
-    .await?;
-    let (status, log, _) = sidecar.terminate().await?;
+    let (status, log, _) = scoped_drain(&ours).await?;
     let left_alone = [
         view(&ours, "unlabelled").await?.unwrap(),
         view(&theirs, "held").await?.unwrap(),
@@ -447,25 +455,10 @@ async fn a_drain_releases_its_own_fences_outside_its_selector_and_never_another_
     installed(&ns, &hc, "theirs").await?;
     ns.apply_as_install("theirs", true, "tenant-b.flux-plunger")
         .await?;
-    ns.releases()
-        .patch(
-            "theirs",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"labels": {"tenant": "a"}}})),
-        )
-        .await?;
+    label_tenant_a(&ns, "theirs").await?;
     lead(&ns, POD).await?;
 
-    let sidecar = start_with(
-        &ns,
-        "90",
-        &[
-            format!("--watch-namespace={}", ns.name),
-            "--watch-label-selector=tenant=a".to_owned(),
-        ],
-    )
-    .await?;
-    let (status, log, _) = sidecar.terminate().await?;
+    let (status, log, _) = scoped_drain(&ns).await?;
     let theirs = view(&ns, "theirs").await?.unwrap();
     testkit::strip_fences(&ns).await?;
 
@@ -490,8 +483,7 @@ async fn console_logs_written_to_a_pipe_carry_no_colour_codes() -> Result<()> {
     // Nobody leads in this namespace: the drain reads the Lease and ends.
     let (ns, _) = setup("drain-console").await?;
 
-    let sidecar = start(&ns, "90").await?;
-    let (status, log, _) = sidecar.terminate().await?;
+    let (status, log, _) = drain(&ns, "90").await?;
 
     assert!(status.success(), "{status:?}");
     assert!(log.contains("not the last leader"), "{log}");

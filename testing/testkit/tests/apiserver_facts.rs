@@ -3,6 +3,7 @@
 //! change with it, so each test asserts the exact outcome.
 
 use anyhow::Result;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry;
 use kube::api::{DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
 use plunger::names::{
     FENCE_FINALIZER, FENCE_LABEL, FIELD_MANAGER, HELMRELEASE_API_VERSION, HELMRELEASE_KIND,
@@ -40,19 +41,76 @@ fn apply_body(obj: &DynamicObject, suspend: Option<bool>, fence: bool) -> Value 
     body
 }
 
+/// flux-plunger's one write as it sends it: [`apply_body`] of what it last
+/// read, applied under its field manager.
+async fn apply_over(
+    ns: &TestNamespace,
+    read: &DynamicObject,
+    suspend: Option<bool>,
+    fence: bool,
+) -> kube::Result<DynamicObject> {
+    apply_as_field_manager(ns, apply_body(read, suspend, fence)).await
+}
+
+/// A server-side apply of `body` (which names its release) under
+/// flux-plunger's field manager; a `kube::Result`, so that a refusal's code
+/// can be asserted.
+async fn apply_as_field_manager(ns: &TestNamespace, body: Value) -> kube::Result<DynamicObject> {
+    let name = body["metadata"]["name"]
+        .as_str()
+        .expect("the body names its release")
+        .to_owned();
+    ns.releases()
+        .patch(
+            &name,
+            &PatchParams::apply(FIELD_MANAGER),
+            &Patch::Apply(body),
+        )
+        .await
+}
+
+/// Release `demo`, suspended by flux-plunger's apply alone (no fence): the
+/// state whose ownership the facts below move or share.
+async fn suspended_by_flux_plunger(ns: &TestNamespace) -> Result<DynamicObject> {
+    let created = ns.create_release("demo", json!({})).await?;
+    Ok(apply_over(ns, &created, Some(true), false).await?)
+}
+
+/// Release `demo` as read before it was deleted: its uid names an object
+/// that no longer exists.
+async fn read_then_deleted(ns: &TestNamespace) -> Result<DynamicObject> {
+    let read = ns.create_release("demo", json!({})).await?;
+    ns.releases()
+        .delete("demo", &DeleteParams::default())
+        .await?;
+    Ok(read)
+}
+
+/// `body` without the precondition `field` of its metadata, to pin what the
+/// ones left guard on their own.
+fn without_precondition(mut body: Value, field: &str) -> Value {
+    body["metadata"]
+        .as_object_mut()
+        .expect("the body has metadata")
+        .remove(field);
+    body
+}
+
+/// The managedFields entries of `obj` that own the field at `pointer`, a
+/// JSON pointer into `fieldsV1` such as `/f:spec/f:suspend`.
+fn entries_owning<'a>(
+    obj: &'a DynamicObject,
+    pointer: &'a str,
+) -> impl Iterator<Item = &'a ManagedFieldsEntry> {
+    obj.metadata.managed_fields.iter().flatten().filter(|e| {
+        e.fields_v1
+            .as_ref()
+            .is_some_and(|f| f.0.pointer(pointer).is_some())
+    })
+}
+
 fn managers_owning_suspend(obj: &DynamicObject) -> Vec<(String, String)> {
-    let mut owners: Vec<(String, String)> = obj
-        .metadata
-        .managed_fields
-        .iter()
-        .flatten()
-        .filter(|e| {
-            e.fields_v1
-                .as_ref()
-                .and_then(|f| f.0.get("f:spec"))
-                .and_then(|s| s.get("f:suspend"))
-                .is_some()
-        })
+    let mut owners: Vec<(String, String)> = entries_owning(obj, "/f:spec/f:suspend")
         .map(|e| {
             (
                 e.manager.clone().unwrap_or_default(),
@@ -82,14 +140,7 @@ fn api_error_code(err: &kube::Error) -> Option<u16> {
 async fn an_apply_of_suspend_by_flux_plunger_is_an_apply_entry_owning_spec_suspend() -> Result<()> {
     let ns = namespace("facts-apply").await?;
     let created = ns.create_release("demo", json!({})).await?;
-    let applied = ns
-        .releases()
-        .patch(
-            "demo",
-            &PatchParams::apply(FIELD_MANAGER),
-            &Patch::Apply(apply_body(&created, Some(true), true)),
-        )
-        .await?;
+    let applied = apply_over(&ns, &created, Some(true), true).await?;
     assert_eq!(
         managers_owning_suspend(&applied),
         owners(&[(FIELD_MANAGER, "Apply")])
@@ -103,25 +154,8 @@ async fn an_apply_of_suspend_by_flux_plunger_is_an_apply_entry_owning_spec_suspe
 #[tokio::test]
 async fn a_different_value_written_by_another_applier_moves_ownership_away() -> Result<()> {
     let ns = namespace("facts-move-apply").await?;
-    let created = ns.create_release("demo", json!({})).await?;
-    let ours = ns
-        .releases()
-        .patch(
-            "demo",
-            &PatchParams::apply(FIELD_MANAGER),
-            &Patch::Apply(apply_body(&created, Some(true), false)),
-        )
-        .await?;
-    let body = json!({"apiVersion": HELMRELEASE_API_VERSION, "kind": HELMRELEASE_KIND,
-        "metadata": {"name": "demo"}, "spec": {"suspend": false}});
-    let theirs = ns
-        .releases()
-        .patch(
-            "demo",
-            &PatchParams::apply("operator").force(),
-            &Patch::Apply(body),
-        )
-        .await?;
+    let ours = suspended_by_flux_plunger(&ns).await?;
+    let theirs = ns.apply_suspend_as("demo", "operator", false).await?;
     assert_ne!(
         ours.metadata.resource_version,
         theirs.metadata.resource_version
@@ -137,14 +171,7 @@ async fn a_different_value_written_by_another_applier_moves_ownership_away() -> 
 #[tokio::test]
 async fn a_different_value_written_by_an_update_moves_ownership_away() -> Result<()> {
     let ns = namespace("facts-move-update").await?;
-    let created = ns.create_release("demo", json!({})).await?;
-    ns.releases()
-        .patch(
-            "demo",
-            &PatchParams::apply(FIELD_MANAGER),
-            &Patch::Apply(apply_body(&created, Some(true), false)),
-        )
-        .await?;
+    suspended_by_flux_plunger(&ns).await?;
     // `kubectl patch` / `flux resume` style: an Update by another manager.
     let theirs = ns.update_suspend_as("demo", "kubectl-patch", false).await?;
     assert_eq!(
@@ -157,16 +184,10 @@ async fn a_different_value_written_by_an_update_moves_ownership_away() -> Result
 #[tokio::test]
 async fn the_same_value_written_by_another_applier_shares_ownership() -> Result<()> {
     let ns = namespace("facts-share").await?;
-    let created = ns.create_release("demo", json!({})).await?;
-    ns.releases()
-        .patch(
-            "demo",
-            &PatchParams::apply(FIELD_MANAGER),
-            &Patch::Apply(apply_body(&created, Some(true), false)),
-        )
-        .await?;
+    suspended_by_flux_plunger(&ns).await?;
     let body = json!({"apiVersion": HELMRELEASE_API_VERSION, "kind": HELMRELEASE_KIND,
         "metadata": {"name": "demo"}, "spec": {"suspend": true}});
+    // Not forced: writing the value already there is no conflict to force.
     let shared = ns
         .releases()
         .patch(
@@ -202,13 +223,7 @@ async fn an_apply_with_a_stale_resource_version_is_refused_with_409_and_changes_
             &Patch::Merge(json!({"metadata": {"labels": {"x": "y"}}})),
         )
         .await?;
-    let err = ns
-        .releases()
-        .patch(
-            "demo",
-            &PatchParams::apply(FIELD_MANAGER),
-            &Patch::Apply(apply_body(&created, Some(true), true)),
-        )
+    let err = apply_over(&ns, &created, Some(true), true)
         .await
         .unwrap_err();
     assert_eq!(api_error_code(&err), Some(409), "{err}");
@@ -225,25 +240,10 @@ async fn an_apply_with_a_stale_resource_version_is_refused_with_409_and_changes_
 #[tokio::test]
 async fn an_apply_with_the_uid_of_a_deleted_release_creates_nothing() -> Result<()> {
     let ns = namespace("facts-uid-gone").await?;
-    let created = ns.create_release("demo", json!({})).await?;
-    ns.releases()
-        .delete("demo", &DeleteParams::default())
-        .await?;
-    let mut body = apply_body(&created, Some(true), true);
+    let deleted = read_then_deleted(&ns).await?;
     // Without a resourceVersion the uid is the only precondition left.
-    body["metadata"]
-        .as_object_mut()
-        .unwrap()
-        .remove("resourceVersion");
-    let err = ns
-        .releases()
-        .patch(
-            "demo",
-            &PatchParams::apply(FIELD_MANAGER),
-            &Patch::Apply(body),
-        )
-        .await
-        .unwrap_err();
+    let body = without_precondition(apply_body(&deleted, Some(true), true), "resourceVersion");
+    let err = apply_as_field_manager(&ns, body).await.unwrap_err();
     // With nothing to patch, the uid acts as a precondition of the create:
     // 409 Conflict ("uid mismatch: ... no existing object was found").
     assert_eq!(api_error_code(&err), Some(409), "{err}");
@@ -258,27 +258,12 @@ async fn an_apply_with_the_uid_of_a_deleted_release_creates_nothing() -> Result<
 #[tokio::test]
 async fn an_apply_with_the_uid_of_a_deleted_release_never_touches_a_recreated_one() -> Result<()> {
     let ns = namespace("facts-uid-new").await?;
-    let old = ns.create_release("demo", json!({})).await?;
-    ns.releases()
-        .delete("demo", &DeleteParams::default())
-        .await?;
+    let old = read_then_deleted(&ns).await?;
     let new = ns.create_release("demo", json!({})).await?;
     assert_ne!(old.metadata.uid, new.metadata.uid);
 
-    let mut body = apply_body(&old, Some(true), true);
-    body["metadata"]
-        .as_object_mut()
-        .unwrap()
-        .remove("resourceVersion");
-    let err = ns
-        .releases()
-        .patch(
-            "demo",
-            &PatchParams::apply(FIELD_MANAGER),
-            &Patch::Apply(body.clone()),
-        )
-        .await
-        .unwrap_err();
+    let body = without_precondition(apply_body(&old, Some(true), true), "resourceVersion");
+    let err = apply_as_field_manager(&ns, body.clone()).await.unwrap_err();
     // The apiserver treats the body's uid as a change of an immutable field:
     // 422 Invalid ("metadata.uid: field is immutable"), not 409.
     assert_eq!(api_error_code(&err), Some(422), "{err}");
@@ -289,15 +274,7 @@ async fn an_apply_with_the_uid_of_a_deleted_release_never_touches_a_recreated_on
     );
 
     // The uid is what protects it: the same body without it does land.
-    body["metadata"].as_object_mut().unwrap().remove("uid");
-    let landed = ns
-        .releases()
-        .patch(
-            "demo",
-            &PatchParams::apply(FIELD_MANAGER),
-            &Patch::Apply(body),
-        )
-        .await?;
+    let landed = apply_as_field_manager(&ns, without_precondition(body, "uid")).await?;
     assert!(ReleaseView::from_object(&landed).suspended_by_us());
     Ok(())
 }
@@ -355,14 +332,7 @@ async fn an_apply_leaving_out_a_fence_another_manager_also_lists_gives_up_only_i
         .await?;
     let ours = ns.apply_as_flux_plunger("demo", false).await?;
 
-    let given_up = ns
-        .releases()
-        .patch(
-            "demo",
-            &PatchParams::apply(FIELD_MANAGER),
-            &Patch::Apply(apply_body(&ours, None, false)),
-        )
-        .await?;
+    let given_up = apply_over(&ns, &ours, None, false).await?;
 
     assert_eq!(
         given_up.metadata.finalizers.as_deref(),
@@ -399,15 +369,7 @@ async fn with_the_fence_listed_twice_an_apply_naming_it_is_a_field_manager_confl
     // Naming the fence (to keep it while the suspension goes, or with it):
     // refused, with a cause that names the manager, whatever is re-read.
     for suspend in [None, Some(true)] {
-        let err = ns
-            .releases()
-            .patch(
-                "demo",
-                &PatchParams::apply(FIELD_MANAGER),
-                &Patch::Apply(apply_body(&twice, suspend, true)),
-            )
-            .await
-            .unwrap_err();
+        let err = apply_over(&ns, &twice, suspend, true).await.unwrap_err();
         assert_eq!(api_error_code(&err), Some(409), "{err}");
         assert!(
             plunger::error::is_field_manager_conflict(&err),
@@ -419,25 +381,10 @@ async fn with_the_fence_listed_twice_an_apply_naming_it_is_a_field_manager_confl
     // apply that leaves the fence out; one naming it reports the conflict).
     let mut stale = apply_body(&twice, None, false);
     stale["metadata"]["resourceVersion"] = json!("1");
-    let err = ns
-        .releases()
-        .patch(
-            "demo",
-            &PatchParams::apply(FIELD_MANAGER),
-            &Patch::Apply(stale),
-        )
-        .await
-        .unwrap_err();
+    let err = apply_as_field_manager(&ns, stale).await.unwrap_err();
     assert!(plunger::error::is_stale_write(&err), "{err}");
     // Leaving the fence out goes through, and leaves both copies.
-    let given_up = ns
-        .releases()
-        .patch(
-            "demo",
-            &PatchParams::apply(FIELD_MANAGER),
-            &Patch::Apply(apply_body(&twice, None, false)),
-        )
-        .await?;
+    let given_up = apply_over(&ns, &twice, None, false).await?;
     let view = ReleaseView::from_object(&given_up);
     assert!(!view.suspend, "the suspension was ours alone: it went");
     assert_eq!(view.fence_indices(), vec![0, 1]);
@@ -462,23 +409,9 @@ async fn the_fence_label_selects_a_release_server_side_while_the_fence_is_held_a
             .collect();
         anyhow::Ok(names)
     };
-    let fenced = ns
-        .releases()
-        .patch(
-            "demo",
-            &PatchParams::apply(FIELD_MANAGER),
-            &Patch::Apply(apply_body(&created, Some(true), true)),
-        )
-        .await?;
+    let fenced = apply_over(&ns, &created, Some(true), true).await?;
     assert_eq!(selected().await?, ["demo"]);
-    let lifted = ns
-        .releases()
-        .patch(
-            "demo",
-            &PatchParams::apply(FIELD_MANAGER),
-            &Patch::Apply(apply_body(&fenced, None, false)),
-        )
-        .await?;
+    let lifted = apply_over(&ns, &fenced, None, false).await?;
     assert!(
         !lifted
             .metadata
@@ -493,18 +426,12 @@ async fn the_fence_label_selects_a_release_server_side_while_the_fence_is_held_a
 
 /// The managers whose managedFields entries list the fence.
 fn fence_owners(obj: &DynamicObject) -> Vec<String> {
-    let key = format!("v:\"{FENCE_FINALIZER}\"");
-    obj.metadata
-        .managed_fields
-        .iter()
-        .flatten()
-        .filter(|e| {
-            e.fields_v1
-                .as_ref()
-                .and_then(|f| f.0.get("f:metadata"))
-                .and_then(|m| m.get("f:finalizers"))
-                .is_some_and(|f| f.get(&key).is_some())
-        })
+    // A JSON pointer escapes the finalizer's "/" as "~1".
+    let pointer = format!(
+        "/f:metadata/f:finalizers/v:\"{}\"",
+        FENCE_FINALIZER.replace('/', "~1")
+    );
+    entries_owning(obj, &pointer)
         .filter_map(|e| e.manager.clone())
         .collect()
 }

@@ -3,6 +3,57 @@
 
 use super::*;
 
+/// Waits until a new admission policy is in force (the apiserver syncs it
+/// asynchronously): until `write`, a dry-run of what it refuses, is refused.
+async fn until_refused<F, Fut, T>(what: &str, write: F) -> Result<()>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = kube::Result<T>>,
+{
+    testkit::eventually(Duration::from_secs(30), what, || {
+        let write = write();
+        async move { Ok(write.await.is_err()) }
+    })
+    .await
+}
+
+/// One pass over `name` that a refusal makes fail: its error names the step.
+async fn refused_pass(w: &World, name: &str) -> plunger::error::Error {
+    w.reconciler()
+        .reconcile(&w.ns.name, name)
+        .await
+        .expect_err("the refused step fails the pass")
+}
+
+/// Passes over `name` until one recovers `revision`: a lifted refusal, like a
+/// new one, takes a moment to reach the apiserver's admission.
+async fn recovered_on_retry(w: &World, name: &str, revision: u64) -> Result<()> {
+    testkit::eventually(
+        Duration::from_secs(30),
+        "the retry recovers the release",
+        || async {
+            Ok(matches!(
+                w.reconciler().reconcile(&w.ns.name, name).await,
+                Ok(Outcome::Recovered { revision: r }) if r == revision
+            ))
+        },
+    )
+    .await
+}
+
+/// `name` stuck with v1 superseded and v2 uninstalling, and v2 reclaimed by
+/// one pass of the reconciler returned: what comes after a recovery starts here.
+async fn recovered_once(w: &World, name: &str) -> Result<Reconciler> {
+    w.stuck_release(name, &[(1, "superseded"), (2, "uninstalling")])
+        .await?;
+    let r = w.reconciler();
+    assert_eq!(
+        r.reconcile(&w.ns.name, name).await?,
+        Outcome::Recovered { revision: 2 }
+    );
+    Ok(r)
+}
+
 #[tokio::test]
 async fn a_stuck_release_loses_exactly_its_newest_revision_and_nothing_else() -> Result<()> {
     let w = world("recover").await?;
@@ -162,50 +213,23 @@ async fn a_refused_annotation_lifts_the_suspension_keeps_the_secret_and_is_retri
             "test: the processed-revision annotation is refused",
         )
         .await?;
-    // Wait until the policy is in force (its informer syncs asynchronously).
-    let probe = json!({"metadata": {"annotations": {PROCESSED_VERSION_ANNOTATION: "0"}}});
-    testkit::eventually(
-        Duration::from_secs(30),
-        "the admission policy refuses the annotation",
-        || {
-            let releases = w.ns.releases();
-            let probe = probe.clone();
-            async move {
-                let params = PatchParams {
-                    dry_run: true,
-                    ..Default::default()
-                };
-                Ok(releases
-                    .patch("web", &params, &Patch::Merge(probe))
-                    .await
-                    .is_err())
-            }
-        },
-    )
+    let releases = w.ns.releases();
+    let dry_run = PatchParams::default().dry_run();
+    let probe =
+        Patch::Merge(json!({"metadata": {"annotations": {PROCESSED_VERSION_ANNOTATION: "0"}}}));
+    until_refused("the admission policy refuses the annotation", || {
+        releases.patch("web", &dry_run, &probe)
+    })
     .await?;
 
-    let err = w
-        .reconciler()
-        .reconcile(&w.ns.name, "web")
-        .await
-        .unwrap_err();
+    let err = refused_pass(&w, "web").await;
     assert_eq!(err.kind(), "annotate", "{err}");
     // Still stuck: the fence stays for the retry (SPEC §4.5, §4.9).
     assert_waiting_fenced(&w.get("web").await?.unwrap());
     assert_eq!(w.revisions().await?, vec!["sh.helm.release.v1.web.v1"]);
 
     refusal.lift().await?;
-    testkit::eventually(
-        Duration::from_secs(30),
-        "the retry recovers the release",
-        || async {
-            Ok(matches!(
-                w.reconciler().reconcile(&w.ns.name, "web").await,
-                Ok(Outcome::Recovered { revision: 1 })
-            ))
-        },
-    )
-    .await?;
+    recovered_on_retry(&w, "web", 1).await?;
     assert!(w.revisions().await?.is_empty());
     assert_let_go(&w.get("web").await?.unwrap());
     Ok(())
@@ -226,30 +250,14 @@ async fn a_refused_secret_delete_lifts_the_suspension_keeps_the_secret_and_is_re
             "test: deleting Secrets is refused",
         )
         .await?;
-    testkit::eventually(
-        Duration::from_secs(30),
-        "the admission policy refuses Secret deletes",
-        || {
-            let secrets = w.ns.secrets();
-            async move {
-                let params = DeleteParams {
-                    dry_run: true,
-                    ..Default::default()
-                };
-                Ok(secrets
-                    .delete("sh.helm.release.v1.probe.v1", &params)
-                    .await
-                    .is_err())
-            }
-        },
-    )
+    let secrets = w.ns.secrets();
+    let dry_run = DeleteParams::default().dry_run();
+    until_refused("the admission policy refuses Secret deletes", || {
+        secrets.delete("sh.helm.release.v1.probe.v1", &dry_run)
+    })
     .await?;
 
-    let err = w
-        .reconciler()
-        .reconcile(&w.ns.name, "web")
-        .await
-        .unwrap_err();
+    let err = refused_pass(&w, "web").await;
     assert_eq!(err.kind(), "delete_storage", "{err}");
     let after = w.get("web").await?.unwrap();
     assert_waiting_fenced(&after);
@@ -265,17 +273,7 @@ async fn a_refused_secret_delete_lifts_the_suspension_keeps_the_secret_and_is_re
     );
 
     refusal.lift().await?;
-    testkit::eventually(
-        Duration::from_secs(30),
-        "the retry recovers the release",
-        || async {
-            Ok(matches!(
-                w.reconciler().reconcile(&w.ns.name, "web").await,
-                Ok(Outcome::Recovered { revision: 1 })
-            ))
-        },
-    )
-    .await?;
+    recovered_on_retry(&w, "web", 1).await?;
     assert!(
         !w.revisions()
             .await?
@@ -386,13 +384,7 @@ async fn a_deployed_newest_revision_is_never_deleted() -> Result<()> {
 async fn a_revision_made_later_under_the_number_below_is_told_from_the_one_that_was_there()
 -> Result<()> {
     let w = world("guard-uid").await?;
-    w.stuck_release("web", &[(1, "superseded"), (2, "uninstalling")])
-        .await?;
-    let r = w.reconciler();
-    assert_eq!(
-        r.reconcile(&w.ns.name, "web").await?,
-        Outcome::Recovered { revision: 2 }
-    );
+    let r = recovered_once(&w, "web").await?;
     let v1 = w.ns.secrets().get("sh.helm.release.v1.web.v1").await?;
     let annotations = w.get("web").await?.unwrap().metadata.annotations.unwrap();
     assert_eq!(
@@ -514,13 +506,7 @@ async fn a_status_write_by_helm_controller_mid_recovery_is_read_through_not_undo
 #[tokio::test]
 async fn an_upgrade_in_flight_after_a_recovery_is_never_reclaimed() -> Result<()> {
     let w = world("in-flight").await?;
-    w.stuck_release("web", &[(1, "superseded"), (2, "uninstalling")])
-        .await?;
-    let r = w.reconciler();
-    assert_eq!(
-        r.reconcile(&w.ns.name, "web").await?,
-        Outcome::Recovered { revision: 2 }
-    );
+    let r = recovered_once(&w, "web").await?;
     // helm-controller starts its upgrade: Helm writes the new revision under
     // the number just reclaimed, pending until it is done. A pass that read
     // the release before helm-controller cleared its stuck condition lists
