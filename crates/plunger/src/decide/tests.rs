@@ -1333,6 +1333,32 @@ fn a_fence_still_listed_after_our_give_up_is_removed_at_every_index() {
 }
 
 #[test]
+fn a_guarded_patch_is_empty_only_when_it_neither_lifts_nor_removes_a_fence() {
+    assert!(GuardedPatch::default().is_empty());
+    let lift = GuardedPatch {
+        lift_suspension: true,
+        ..GuardedPatch::default()
+    };
+    assert!(!lift.is_empty(), "a lift alone is something to write");
+    let drop_fence = GuardedPatch {
+        fence_indices: vec![1],
+        ..GuardedPatch::default()
+    };
+    assert!(
+        !drop_fence.is_empty(),
+        "a fence alone is something to write"
+    );
+    let label_only = GuardedPatch {
+        remove_label: true,
+        ..GuardedPatch::default()
+    };
+    assert!(
+        label_only.is_empty(),
+        "the label only ever goes with the fence's last copy"
+    );
+}
+
+#[test]
 fn letting_go_without_an_apply_lifts_only_a_suspension_we_alone_hold() {
     let mut twice = fenced(ours(release()));
     twice.finalizers.push(FENCE_FINALIZER.into());
