@@ -88,14 +88,9 @@ fn every_log_line_is_in_the_shape_flux_writes() -> Result<()> {
     Ok(())
 }
 
-#[tokio::test]
-async fn a_release_is_named_as_flux_names_the_object_it_reconciles() -> Result<()> {
-    let ns = TestNamespace::create(&control_plane().client().await?, "json-logs").await?;
-    // Stuck on an `uninstalling` revision 2 over a `superseded` 1.
-    ns.create_release("web", json!({})).await?;
-    ns.create_storage_secret("web", 1, "superseded").await?;
-    ns.create_storage_secret("web", 2, "uninstalling").await?;
-    ns.mark_stuck("web").await?;
+/// The line `msg` that the controller, logging JSON and watching `ns`
+/// alone, writes first, parsed; the controller stopped once it has.
+async fn first_line_logged(ns: &TestNamespace, msg: &str) -> Result<Map<String, Value>> {
     let dir = tempfile::tempdir()?;
     let kubeconfig = dir.path().join("kubeconfig");
     control_plane().write_kubeconfig(&kubeconfig, &AuthInfo::AdminCertificate)?;
@@ -111,14 +106,21 @@ async fn a_release_is_named_as_flux_names_the_object_it_reconciles() -> Result<(
         ])
         .env_remove("RUST_LOG");
     let mut controller = LoggedProcess::spawn(command, "controller")?;
-    let deleted = "deleted the newest storage revision";
-    controller
-        .wait_logged(deleted, Duration::from_secs(60))
-        .await?;
+    controller.wait_logged(msg, Duration::from_secs(60)).await?;
     controller.terminate(Duration::from_secs(20)).await?;
-
     let lines = log_lines(&controller.log())?;
-    let line = line(&lines, deleted)?;
+    Ok(line(&lines, msg)?.clone())
+}
+
+#[tokio::test]
+async fn a_release_is_named_as_flux_names_the_object_it_reconciles() -> Result<()> {
+    let ns = TestNamespace::create(&control_plane().client().await?, "json-logs").await?;
+    // Stuck on an `uninstalling` revision 2 over a `superseded` 1.
+    ns.create_release("web", json!({})).await?;
+    ns.create_storage_secret("web", 1, "superseded").await?;
+    ns.create_storage_secret("web", 2, "uninstalling").await?;
+    ns.mark_stuck("web").await?;
+    let line = first_line_logged(&ns, "deleted the newest storage revision").await?;
     assert_eq!(line["level"], "info");
     assert_eq!(line["logger"], "plunger::reconcile::recover");
     assert_eq!(
@@ -129,5 +131,28 @@ async fn a_release_is_named_as_flux_names_the_object_it_reconciles() -> Result<(
     assert_eq!(line["name"], "web");
     assert_eq!(line["secret"], "sh.helm.release.v1.web.v2");
     assert!(!line.contains_key("release"), "{line:?}");
+    Ok(())
+}
+
+/// SPEC §4.6: a stuck release whose newest revision is `deployed` is left
+/// alone, and the line that says so names the storage it read, so that an
+/// operator sees where flux-plunger looked.
+#[tokio::test]
+async fn a_stuck_release_with_nothing_to_reclaim_is_logged_with_the_storage_read() -> Result<()> {
+    let ns = TestNamespace::create(&control_plane().client().await?, "json-logs-skip").await?;
+    ns.create_release("web", json!({})).await?;
+    ns.create_storage_secret("web", 1, "deployed").await?;
+    ns.mark_stuck("web").await?;
+    let line = first_line_logged(&ns, "stuck, but nothing to reclaim").await?;
+    assert_eq!(line["level"], "info");
+    assert_eq!(line["name"], "web");
+    let reason = line["reason"].as_str().context("no reason")?;
+    assert!(reason.contains("LatestIsDeployed"), "{line:?}");
+    let storage = line["storage"].as_str().context("no storage field")?;
+    assert!(
+        storage.contains(&format!("namespace: \"{}\"", ns.name))
+            && storage.contains("release_name: \"web\""),
+        "{line:?}"
+    );
     Ok(())
 }

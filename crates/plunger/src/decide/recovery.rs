@@ -127,6 +127,24 @@ pub enum SkipReason {
     NoLongerStuck,
 }
 
+impl SkipReason {
+    /// Whether the storage was listed and found to hold nothing to reclaim
+    /// (SPEC §4.6–4.7), rather than never read: out of reach, in a remote
+    /// cluster that cannot be used, or left unread by a release no longer
+    /// stuck. Only a verdict on the storage names the storage it read.
+    pub(crate) fn found_in_the_storage(&self) -> bool {
+        match self {
+            Self::NoRevisions
+            | Self::AlreadyProcessed { .. }
+            | Self::LatestIsDeployed { .. }
+            | Self::StatusDoesNotExplain { .. } => true,
+            Self::RemoteClusterUnusable { .. }
+            | Self::StorageOutOfReach { .. }
+            | Self::NoLongerStuck => false,
+        }
+    }
+}
+
 /// Chooses the revision to reclaim (SPEC §4.6–4.7): the newest one, when
 /// its status is one Helm cannot get past by itself, unless it is the one
 /// below the revision we already reclaimed, or a deployed one.

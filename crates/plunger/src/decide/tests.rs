@@ -1333,6 +1333,31 @@ fn a_fence_still_listed_after_our_give_up_is_removed_at_every_index() {
 }
 
 #[test]
+fn only_a_verdict_on_the_listed_storage_is_found_in_the_storage() {
+    for listed in [
+        SkipReason::NoRevisions,
+        SkipReason::AlreadyProcessed {
+            latest: 1,
+            processed: 2,
+        },
+        SkipReason::LatestIsDeployed { latest: 1 },
+        SkipReason::StatusDoesNotExplain {
+            latest: 1,
+            status: "failed".into(),
+        },
+    ] {
+        assert!(listed.found_in_the_storage(), "{listed:?}");
+    }
+    for unread in [
+        SkipReason::RemoteClusterUnusable { why: "x".into() },
+        SkipReason::StorageOutOfReach { why: "x".into() },
+        SkipReason::NoLongerStuck,
+    ] {
+        assert!(!unread.found_in_the_storage(), "{unread:?}");
+    }
+}
+
+#[test]
 fn a_guarded_patch_is_empty_only_when_it_neither_lifts_nor_removes_a_fence() {
     assert!(GuardedPatch::default().is_empty());
     let lift = GuardedPatch {

@@ -14,7 +14,7 @@ use crate::error::{Error, is_api_code};
 use crate::notices::{self, AfterRecovery, EventSpec};
 use crate::release::view::ReleaseView;
 use crate::storage::api::delete_revision;
-use crate::storage::view::StorageRevision;
+use crate::storage::view::{StorageLocation, StorageRevision};
 use crate::test_hooks::Step;
 
 /// How many 409s a step taken under our suspension reads through before it
@@ -297,7 +297,10 @@ impl Reconciler {
         if let Some(event) = event {
             self.events.record(release, &event).await;
         }
-        tracing::info!(release = %release.key(), ?reason, "stuck, but nothing to reclaim");
+        if reason.found_in_the_storage() {
+            let storage = StorageLocation::of(release);
+            tracing::info!(release = %release.key(), ?reason, ?storage, "stuck, but nothing to reclaim");
+        }
         let mut left = release.clone();
         if drop_fence {
             left = self.drop_fence(release).await?;
