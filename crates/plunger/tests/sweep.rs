@@ -29,9 +29,9 @@ async fn hook() -> Result<kube::Client> {
     testkit::guard::shared()?.hook_client().await
 }
 
-/// A release holding flux-plunger's suspension and fence, as a recovery
-/// that stopped midway leaves it; helm-controller's finalizer first.
-async fn held(ns: &TestNamespace, name: &str, suspend: bool) -> Result<ReleaseView> {
+/// A release created with the finalizer helm-controller puts on every
+/// release it reconciles.
+async fn with_helm_controller_finalizer(ns: &TestNamespace, name: &str) -> Result<()> {
     ns.create_release(name, json!({})).await?;
     ns.releases()
         .patch(
@@ -40,6 +40,13 @@ async fn held(ns: &TestNamespace, name: &str, suspend: bool) -> Result<ReleaseVi
             &Patch::Merge(json!({"metadata": {"finalizers": [HELM_CONTROLLER_FINALIZER]}})),
         )
         .await?;
+    Ok(())
+}
+
+/// A release holding flux-plunger's suspension and fence, as a recovery
+/// that stopped midway leaves it; helm-controller's finalizer first.
+async fn held(ns: &TestNamespace, name: &str, suspend: bool) -> Result<ReleaseView> {
+    with_helm_controller_finalizer(ns, name).await?;
     let mut body = json!({"apiVersion": HELMRELEASE_API_VERSION, "kind": HELMRELEASE_KIND,
         "metadata": {"name": name, "finalizers": [FENCE_FINALIZER]}});
     if suspend {
@@ -300,8 +307,18 @@ async fn the_hook_finds_labelled_fences_and_older_unlabelled_ones_and_releases_t
     ns.apply_as_flux_plunger("labelled", true).await?;
     // An older flux-plunger's fence, without the label.
     held(&ns, "older", true).await?;
-    ns.create_release("free", json!({})).await?;
+    // Unfenced, with the finalizer helm-controller puts on every release.
+    with_helm_controller_finalizer(&ns, "free").await?;
+    let only_here = Scope {
+        namespaces: vec![ns.name.clone()],
+        label_selector: None,
+    };
 
+    assert_eq!(
+        plunger::release::api::list_unlabelled_fences(&ns.client, &only_here).await?,
+        [(ns.name.clone(), "older".to_owned())],
+        "only the unlabelled release carrying the fence is read one by one"
+    );
     let mut found: Vec<String> =
         plunger::release::api::list_every_fence(&ns.client, &Scope::default(), &Install::legacy())
             .await?

@@ -145,21 +145,26 @@ pub async fn list_in_pages<T>(
                     .map(|listed| ReleaseView::from_object(&listed.0))
                     .filter_map(&mut keep),
             );
-            // The last page carries an empty (or no) `continue`: following an
-            // empty token would list from the start again, forever.
-            match page.metadata.continue_ {
-                Some(token) if !token.is_empty() => params = params.continue_token(&token),
-                _ => break,
+            match next_page_token(page.metadata.continue_) {
+                Some(token) => params = params.continue_token(&token),
+                None => break,
             }
         }
     }
     Ok(kept)
 }
 
+/// The token that asks for the page after this one, `None` on the last. The
+/// last page carries an empty (or no) `continue`: following an empty token
+/// would list from the start again, forever.
+fn next_page_token(continue_: Option<String>) -> Option<String> {
+    continue_.filter(|token| !token.is_empty())
+}
+
 /// `namespace/name` of the HelmReleases in `scope` that carry the fence
 /// without its label (fenced by an older flux-plunger), found by reading only
 /// the metadata of the releases without the label, page by page.
-async fn list_unlabelled_fences(
+pub async fn list_unlabelled_fences(
     client: &Client,
     scope: &Scope,
 ) -> kube::Result<Vec<(String, String)>> {
@@ -182,9 +187,9 @@ async fn list_unlabelled_fences(
                         )
                     })
             }));
-            match page.metadata.continue_ {
-                Some(token) if !token.is_empty() => params = params.continue_token(&token),
-                _ => break,
+            match next_page_token(page.metadata.continue_) {
+                Some(token) => params = params.continue_token(&token),
+                None => break,
             }
         }
     }
@@ -217,6 +222,16 @@ pub async fn list_every_fence(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_listing_follows_a_continue_token_and_stops_at_an_empty_or_missing_one() {
+        assert_eq!(
+            next_page_token(Some("page-2".into())).as_deref(),
+            Some("page-2")
+        );
+        assert_eq!(next_page_token(Some(String::new())), None);
+        assert_eq!(next_page_token(None), None);
+    }
 
     #[test]
     fn an_install_s_own_fences_are_selected_by_its_label_in_its_namespaces_whatever_its_selector() {

@@ -534,6 +534,64 @@ mod tests {
     }
 
     #[test]
+    fn a_history_counts_only_when_it_lists_a_revision() {
+        let has_history = |history: Value| {
+            ReleaseView::from_object(&object(json!({
+                "metadata": {"name": "web", "namespace": "apps"},
+                "status": {"history": history},
+            })))
+            .has_history
+        };
+        assert!(!has_history(json!([])));
+        assert!(!has_history(Value::Null));
+        assert!(has_history(json!([{"name": "web"}])));
+        assert!(has_history(json!([{"name": ""}])));
+    }
+
+    #[test]
+    fn the_fence_is_ours_only_when_our_apply_entry_owns_it_or_our_suspension_is_on() {
+        let fenced_with = |fields: Value, suspend: bool| {
+            ReleaseView::from_object(&object(json!({
+                "metadata": {"name": "web", "namespace": "apps",
+                    "finalizers": [FENCE_FINALIZER],
+                    "managedFields": [{"manager": FIELD_MANAGER, "operation": "Apply",
+                        "apiVersion": "helm.toolkit.fluxcd.io/v2", "fieldsType": "FieldsV1",
+                        "fieldsV1": fields}]},
+                "spec": {"suspend": suspend},
+            })))
+            .fence_owned_by_us()
+        };
+        let fence_key = format!("v:{}", json!(FENCE_FINALIZER));
+        let owning_the_fence = json!({"f:metadata": {"f:finalizers": {fence_key: {}}}});
+        let owning_another =
+            json!({"f:metadata": {"f:finalizers": {"v:\"example.com/other\"": {}}}});
+        let owning_a_label = json!({"f:metadata": {"f:labels": {"f:team": {}}}});
+        assert!(fenced_with(owning_the_fence, false));
+        assert!(!fenced_with(owning_another, false));
+        assert!(!fenced_with(owning_a_label.clone(), false));
+        let suspended_by_us = json!({"f:spec": {"f:suspend": {}}});
+        assert!(fenced_with(suspended_by_us, true));
+        assert!(!fenced_with(owning_a_label, true));
+    }
+
+    #[test]
+    fn the_released_condition_is_found_among_the_others_and_counts_at_its_generation() {
+        let uninstalled = |reason: &str, observed: i64| {
+            ReleaseView::from_object(&object(json!({
+                "metadata": {"name": "web", "namespace": "apps", "generation": 3},
+                "status": {"conditions": [
+                    {"type": "Ready", "status": "False", "reason": "UninstallSucceeded", "observedGeneration": 3},
+                    {"type": RELEASED_CONDITION, "status": "False", "reason": reason, "observedGeneration": observed},
+                ]},
+            })))
+            .reported_uninstall_succeeded()
+        };
+        assert!(uninstalled(UNINSTALL_SUCCEEDED_REASON, 3));
+        assert!(!uninstalled(UNINSTALL_SUCCEEDED_REASON, 2));
+        assert!(!uninstalled("UninstallFailed", 3));
+    }
+
+    #[test]
     fn the_remote_kubeconfig_reference_ignores_empty_names_and_keys() {
         let view = |secret_ref: Value| {
             ReleaseView::from_object(&object(json!({
