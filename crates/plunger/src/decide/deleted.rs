@@ -16,36 +16,12 @@ pub(super) fn decide_terminating(
     storage: Option<&StorageFacts>,
     context: &Context,
 ) -> Option<Decision> {
-    if release.suspend && release.suspend_owned_by_us() {
-        // helm-controller must see an unsuspended generation to uninstall;
-        // the fence keeps the release until it has.
-        // A finalizer cannot be added to an object being deleted, so "keep"
-        // means keep the fence only where it already is.
-        let keep_fence = release.has_fence();
-        if release.has_history {
-            return Some(Decision::Lift { keep_fence });
-        }
-        // Its history was cleared (the stuck state): hand it the newest live
-        // revision before the lift, or its deletion path uninstalls nothing.
-        // Whatever stands in the way, the suspension is lifted: ours must
-        // never be what skips the uninstall, and §5d then says what is left.
-        let storage = storage?;
-        return Some(
-            hand_over(release, storage, AfterHandOver::Lift { keep_fence })
-                .unwrap_or(Decision::Lift { keep_fence }),
-        );
-    }
     if release.suspend {
-        // Another manager suspended, then deleted: its decision to skip the
-        // uninstall (migrations do this on purpose). Unless we recovered this
-        // release before: then the suspension is most likely one an older
-        // flux-plunger left behind, and the skipped uninstall an accident.
-        let event = notices::terminating_while_suspended(release);
-        return Some(if release.has_fence() {
-            Decision::DropFence { event: Some(event) }
+        return if release.suspend_owned_by_us() {
+            lift_for_the_uninstall(release, storage)
         } else {
-            Decision::Nothing { event: Some(event) }
-        });
+            Some(suspended_by_another(release))
+        };
     }
     if !release.has_fence() {
         return Some(Decision::Nothing { event: None });
@@ -63,10 +39,52 @@ pub(super) fn decide_terminating(
     if release.reported_uninstall_succeeded() {
         return Some(Decision::DropFence { event: None });
     }
-    // helm-controller finished without reporting an uninstall: its pass
-    // over a cleared history (`ErrNoLatest`) looks just like this. Whether
-    // anything is left to uninstall, only the storage says.
-    let storage = storage?;
+    Some(after_a_pass_without_uninstall(release, storage?, context))
+}
+
+/// SPEC §5a: our suspension on a release being deleted. helm-controller
+/// must see an unsuspended generation to uninstall; the fence keeps the
+/// release until it has. A finalizer cannot be added to an object being
+/// deleted, so "keep" means keep the fence only where it already is.
+fn lift_for_the_uninstall(
+    release: &ReleaseView,
+    storage: Option<&StorageFacts>,
+) -> Option<Decision> {
+    let keep_fence = release.has_fence();
+    if release.has_history {
+        return Some(Decision::Lift { keep_fence });
+    }
+    // Its history was cleared (the stuck state): hand it the newest live
+    // revision before the lift, or its deletion path uninstalls nothing.
+    // Whatever stands in the way, the suspension is lifted: ours must
+    // never be what skips the uninstall, and §5d then says what is left.
+    Some(
+        hand_over(release, storage?, AfterHandOver::Lift { keep_fence })
+            .unwrap_or(Decision::Lift { keep_fence }),
+    )
+}
+
+/// Another manager suspended, then deleted: its decision to skip the
+/// uninstall (migrations do this on purpose). Unless we recovered this
+/// release before: then the suspension is most likely one an older
+/// flux-plunger left behind, and the skipped uninstall an accident.
+fn suspended_by_another(release: &ReleaseView) -> Decision {
+    let event = notices::terminating_while_suspended(release);
+    if release.has_fence() {
+        Decision::DropFence { event: Some(event) }
+    } else {
+        Decision::Nothing { event: Some(event) }
+    }
+}
+
+/// SPEC §5b-§5d: helm-controller finished with the delete without reporting
+/// an uninstall. Its pass over a cleared history (`ErrNoLatest`) looks just
+/// like this: whether anything is left to uninstall, only the storage says.
+fn after_a_pass_without_uninstall(
+    release: &ReleaseView,
+    storage: &StorageFacts,
+    context: &Context,
+) -> Decision {
     let revisions = match storage {
         StorageFacts::Unreadable { why, .. } => {
             // A refused read, or a kubeconfig Secret missing for a moment
@@ -74,25 +92,25 @@ pub(super) fn decide_terminating(
             // helm-controller, with the same kubeconfig, retries: the fence
             // holds for as long as a delete is held before anyone is warned.
             if !held_until_warned(context) {
-                return Some(hold(release, context));
+                return hold(release, context);
             }
-            return Some(let_go(
+            return let_go(
                 release,
                 &format!("its Helm storage cannot be read ({why})"),
                 "whatever it installed",
-            ));
+            );
         }
         StorageFacts::Listed { revisions, .. } => revisions,
     };
     if uninstall_target(revisions) == UninstallTarget::Nothing {
-        return Some(Decision::DropFence { event: None });
+        return Decision::DropFence { event: None };
     }
     let live: Vec<&StorageRevision> = revisions.iter().filter(|r| is_live(r)).collect();
     if release.our_reconcile_request_handled() {
         // helm-controller handled the history flux-plunger handed it. Kept,
         // it is retrying a failed uninstall; cleared, it let the release go
         // without one, and nothing else will uninstall it.
-        return Some(if release.has_history {
+        return if release.has_history {
             hold(release, context)
         } else {
             let_go(
@@ -100,19 +118,18 @@ pub(super) fn decide_terminating(
                 "helm-controller cleared the history flux-plunger handed it without uninstalling",
                 &describe_revisions(&live),
             )
-        });
+        };
     }
     if release.has_history {
-        return Some(Decision::RequestReconcile);
+        return Decision::RequestReconcile;
     }
-    let hand_over = hand_over(release, storage, AfterHandOver::RequestReconcile);
-    Some(hand_over.unwrap_or_else(|why| {
+    hand_over(release, storage, AfterHandOver::RequestReconcile).unwrap_or_else(|why| {
         let_go(
             release,
             &format!("no history can be handed to helm-controller ({why})"),
             &describe_revisions(&live),
         )
-    }))
+    })
 }
 
 /// The history hand-over for a release being deleted, or why there is none.

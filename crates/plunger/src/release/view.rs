@@ -111,51 +111,36 @@ impl ReleaseView {
         let mut malformed = Vec::new();
         let spec = obj.data.get("spec");
         let status = obj.data.get("status");
-
-        let suspend = match spec.and_then(|s| s.get("suspend")) {
-            None | Some(Value::Null) => false,
-            Some(Value::Bool(b)) => *b,
-            Some(_) => {
-                malformed.push("spec.suspend");
-                false
-            }
-        };
-        let (ready, released) = match status.and_then(|s| s.get("conditions")) {
-            None | Some(Value::Null) => (None, None),
-            Some(Value::Array(conditions)) => {
-                (ready_condition(conditions), released_condition(conditions))
-            }
-            Some(_) => {
-                malformed.push("status.conditions");
-                (None, None)
-            }
-        };
-        let observed_generation = match status.and_then(|s| s.get("observedGeneration")) {
-            None | Some(Value::Null) => None,
-            Some(v) => v.as_i64().or_else(|| {
-                malformed.push("status.observedGeneration");
-                None
-            }),
-        };
-        let (status_latest_history_name, has_history) = match status.and_then(|s| s.get("history"))
-        {
-            None | Some(Value::Null) => (None, false),
-            Some(Value::Array(history)) => (
-                history
-                    .first()
-                    .and_then(|h| h.get("name"))
-                    .and_then(Value::as_str)
-                    .filter(|n| !n.is_empty())
-                    .map(str::to_owned),
-                !history.is_empty(),
-            ),
-            Some(_) => {
-                // Present but unreadable: helm-controller could not read
-                // it either, so it counts as no history.
-                malformed.push("status.history");
-                (None, false)
-            }
-        };
+        let suspend = lenient(
+            spec.and_then(|s| s.get("suspend")),
+            "spec.suspend",
+            &mut malformed,
+            Value::as_bool,
+        )
+        .unwrap_or(false);
+        let (ready, released) = lenient(
+            status.and_then(|s| s.get("conditions")),
+            "status.conditions",
+            &mut malformed,
+            Value::as_array,
+        )
+        .map_or((None, None), |conditions| {
+            (ready_condition(conditions), released_condition(conditions))
+        });
+        let observed_generation = lenient(
+            status.and_then(|s| s.get("observedGeneration")),
+            "status.observedGeneration",
+            &mut malformed,
+            Value::as_i64,
+        );
+        // Present but unreadable: helm-controller could not read it either,
+        // so it counts as no history.
+        let history = lenient(
+            status.and_then(|s| s.get("history")),
+            "status.history",
+            &mut malformed,
+            Value::as_array,
+        );
 
         Self {
             namespace: meta.namespace.clone().unwrap_or_default(),
@@ -181,27 +166,14 @@ impl ReleaseView {
             has_kube_config: spec
                 .and_then(|s| s.get("kubeConfig"))
                 .is_some_and(|k| !k.is_null()),
-            kube_config_secret: spec
-                .and_then(|s| s.pointer("/kubeConfig/secretRef"))
-                .and_then(|r| {
-                    let name = r
-                        .get("name")
-                        .and_then(Value::as_str)
-                        .filter(|n| !n.is_empty())?;
-                    Some(KubeConfigSecretRef {
-                        name: name.to_owned(),
-                        key: r
-                            .get("key")
-                            .and_then(Value::as_str)
-                            .filter(|k| !k.is_empty())
-                            .map(str::to_owned),
-                    })
-                }),
+            kube_config_secret: kube_config_secret_ref(spec),
             ready,
             observed_generation,
             status_storage_namespace: non_empty_str(status, "storageNamespace"),
-            status_latest_history_name,
-            has_history,
+            status_latest_history_name: history
+                .and_then(|history| history.first())
+                .and_then(|latest| non_empty_str(Some(latest), "name")),
+            has_history: history.is_some_and(|history| !history.is_empty()),
             released,
             last_handled_reconcile_at: non_empty_str(status, "lastHandledReconcileAt"),
             last_attempted_revision: non_empty_str(status, "lastAttemptedRevision"),
@@ -434,6 +406,30 @@ fn released_condition(conditions: &[Value]) -> Option<ReleasedCondition> {
                 .to_owned(),
             observed_generation: c.get("observedGeneration").and_then(Value::as_i64),
         })
+}
+
+/// A field read leniently: absent or `null` is `None`; so is a value `read`
+/// does not accept, which is recorded in `malformed` as `field`.
+fn lenient<'a, T>(
+    value: Option<&'a Value>,
+    field: &'static str,
+    malformed: &mut Vec<&'static str>,
+    read: impl FnOnce(&'a Value) -> Option<T>,
+) -> Option<T> {
+    let accepted = read(value.filter(|v| !v.is_null())?);
+    if accepted.is_none() {
+        malformed.push(field);
+    }
+    accepted
+}
+
+/// `spec.kubeConfig.secretRef`, when it names a Secret.
+fn kube_config_secret_ref(spec: Option<&Value>) -> Option<KubeConfigSecretRef> {
+    let secret_ref = spec?.pointer("/kubeConfig/secretRef");
+    Some(KubeConfigSecretRef {
+        name: non_empty_str(secret_ref, "name")?,
+        key: non_empty_str(secret_ref, "key"),
+    })
 }
 
 fn non_empty_str(parent: Option<&Value>, key: &str) -> Option<String> {
