@@ -24,7 +24,7 @@ use deleted::decide_terminating;
 use dry_run::as_dry_run;
 pub(crate) use let_go::{GuardedPatch, fence_left_after_give_up, let_go_without_apply};
 use recovery::decide_recovery;
-pub(crate) use recovery::{MayAcquire, after_recovery, may_take_suspension, still_held};
+pub(crate) use recovery::{MayAcquire, after_recovery, may_take_suspension, still_acquired};
 pub use recovery::{SkipReason, status_explains_stuck};
 use storage::known_storage;
 pub(crate) use storage::{

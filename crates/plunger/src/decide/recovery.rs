@@ -247,10 +247,10 @@ pub(crate) fn may_take_suspension(release: &ReleaseView) -> MayAcquire {
     }
 }
 
-/// Whether a release read again mid-recovery is still the one we hold: the
+/// Whether a release read again mid-recovery is still the one we acquired: the
 /// same uid, live, under our suspension and our fence. Only then may a step
 /// that met a 409 be sent again instead of undoing the recovery.
-pub(crate) fn still_held(release: &ReleaseView, uid: &str) -> bool {
+pub(crate) fn still_acquired(release: &ReleaseView, uid: &str) -> bool {
     release.uid == uid && !release.terminating && release.suspended_by_us() && release.has_fence()
 }
 

@@ -1239,21 +1239,24 @@ fn the_revision_below_the_target_is_the_highest_lower_one() {
 }
 
 #[test]
-fn a_release_is_still_held_only_if_same_live_ours_and_fenced() {
+fn a_release_is_still_acquired_only_if_same_live_ours_and_fenced() {
     let held = fenced(ours(stuck(release())));
-    assert!(still_held(&held, "uid-1"));
-    assert!(!still_held(&held, "another-uid"), "re-created");
+    assert!(still_acquired(&held, "uid-1"));
+    assert!(!still_acquired(&held, "another-uid"), "re-created");
     assert!(
-        !still_held(&terminating(held.clone()), "uid-1"),
+        !still_acquired(&terminating(held.clone()), "uid-1"),
         "being deleted"
     );
-    assert!(!still_held(&ours(stuck(release())), "uid-1"), "fence gone");
     assert!(
-        !still_held(&fenced(stuck(release())), "uid-1"),
+        !still_acquired(&ours(stuck(release())), "uid-1"),
+        "fence gone"
+    );
+    assert!(
+        !still_acquired(&fenced(stuck(release())), "uid-1"),
         "suspension gone"
     );
     assert!(
-        !still_held(
+        !still_acquired(
             &fenced(suspended_by(stuck(release()), "operator", "Apply")),
             "uid-1"
         ),

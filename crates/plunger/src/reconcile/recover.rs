@@ -19,7 +19,7 @@ use crate::test_hooks::Step;
 
 /// How many 409s a step taken under our suspension reads through before it
 /// gives up (and the recovery is undone and retried).
-const MAX_CONFLICTS_WHILE_HELD: u32 = 5;
+const MAX_CONFLICTS_WHILE_ACQUIRED: u32 = 5;
 
 impl Reconciler {
     /// SPEC §4 steps 8-13, as `decide` planned them from `storage`: start
@@ -73,7 +73,7 @@ impl Reconciler {
     ) -> Result<Pass, Error> {
         self.pause_at_step(Step::Planned).await;
 
-        let held = match self.acquire(&release).await? {
+        let acquired = match self.acquire(&release).await? {
             Acquisition::Acquired(acquired) => *acquired,
             Acquisition::NoLongerStuck => {
                 tracing::info!(release = %release.key(), "no longer stuck when read again before the recovery; nothing reclaimed");
@@ -87,7 +87,10 @@ impl Reconciler {
         };
         tracing::info!(release = %release.key(), revision = target.revision, secret = %target.name, "suspended with the uninstall fence to reclaim the newest storage revision");
 
-        match self.reclaim(held, target, below_uid, storage_client).await {
+        match self
+            .reclaim(acquired, target, below_uid, storage_client)
+            .await
+        {
             Ok(pass) => Ok(pass),
             Err(err) => {
                 // Step 9: an early exit never leaves our suspension behind.
@@ -149,17 +152,17 @@ impl Reconciler {
         }
     }
 
-    /// SPEC §4 steps 10-13, holding the suspension.
+    /// SPEC §4 steps 10-13, under the suspension and fence acquired.
     async fn reclaim(
         &self,
-        held: ReleaseView,
+        acquired: ReleaseView,
         target: &StorageRevision,
         below_uid: Option<&str>,
         storage_client: &Client,
     ) -> Result<Pass, Error> {
         self.pause_at_step(Step::Acquired).await;
-        let acquired_at = held.resource_version.clone();
-        let mut current = held;
+        let acquired_at = acquired.resource_version.clone();
+        let mut current = acquired;
         let mut conflicts = 0;
         let annotated = loop {
             let source =
@@ -171,10 +174,10 @@ impl Reconciler {
             // annotation's lock often meets a newer resourceVersion. While the
             // release is the same, live, and still under our suspension and
             // fence, read it again and carry on instead of undoing everything.
-            if is_api_code(&source, 409) && conflicts < MAX_CONFLICTS_WHILE_HELD {
+            if is_api_code(&source, 409) && conflicts < MAX_CONFLICTS_WHILE_ACQUIRED {
                 conflicts += 1;
                 if let Some(again) = self.read(&current.namespace, &current.name).await?
-                    && decide::still_held(&again, &current.uid)
+                    && decide::still_acquired(&again, &current.uid)
                 {
                     current = again;
                     continue;
@@ -251,12 +254,12 @@ impl Reconciler {
         loop {
             match self.lift(&release, false).await {
                 Ok(written) => return Ok(Some(written)),
-                Err(err) if err.is_stale_write() && conflicts < MAX_CONFLICTS_WHILE_HELD => {
+                Err(err) if err.is_stale_write() && conflicts < MAX_CONFLICTS_WHILE_ACQUIRED => {
                     conflicts += 1;
                     let Some(again) = self.read(&release.namespace, &release.name).await? else {
                         return Ok(None);
                     };
-                    if !decide::still_held(&again, &release.uid) {
+                    if !decide::still_acquired(&again, &release.uid) {
                         let decided = self.decide_now(&again, false).await?;
                         let (_, last_seen) = self.act(&again, decided.decision).await?;
                         return Ok(Some(last_seen));
