@@ -11,10 +11,13 @@
 //!
 //! Pure: the payload is decoded here, the Secret is read by `storage`.
 
+use std::fmt;
 use std::io::{BufReader, Read};
+use std::marker::PhantomData;
 
 use base64::Engine;
 use serde::Deserialize;
+use serde::de::{self, Unexpected, Visitor};
 use serde_json::value::RawValue;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
@@ -32,18 +35,28 @@ const MAX_RELEASE_JSON_BYTES: u64 = 16 * 1024 * 1024;
 /// gzip's magic bytes, which Helm's decoder looks for before inflating.
 const GZIP_MAGIC: [u8; 3] = [0x1f, 0x8b, 0x08];
 
+/// The longest string of a stored release the snapshot takes. Helm's
+/// release names are at most 53 characters and namespaces 63; chart names,
+/// versions, statuses and times are short. A longer string is no release
+/// Helm wrote, and would carry its length into error text and into
+/// `status.history`.
+const MAX_STORED_STRING_BYTES: usize = 1024;
+
 /// The fields of a stored Helm release the snapshot is made of. Every
 /// other field (the manifest, the chart's files and templates, hooks) is
 /// skipped as the JSON streams past, never built into a tree: a payload
 /// written by whoever can create a Secret in the storage namespace cannot
-/// make flux-plunger hold more than its few strings and its values.
+/// make flux-plunger hold more than its few strings and its values. Each
+/// field is read by its kind alone (`StoredString`, `StoredVersion`,
+/// `StoredObject`): serde's own error for a value of another kind quotes a
+/// string whole.
 #[derive(Deserialize)]
 struct StoredRelease {
-    name: Option<String>,
-    namespace: Option<String>,
-    version: Option<u64>,
-    info: Option<StoredInfo>,
-    chart: Option<StoredChart>,
+    name: Option<StoredString>,
+    namespace: Option<StoredString>,
+    version: Option<StoredVersion>,
+    info: Option<StoredObject<StoredInfo>>,
+    chart: Option<StoredObject<StoredChart>>,
     /// The values, as Helm serialized them: Helm writes the release with
     /// Go's `json.Marshal`, which is how helm-controller digests values, so
     /// the digest is taken of these very bytes.
@@ -52,23 +65,97 @@ struct StoredRelease {
 
 #[derive(Default, Deserialize)]
 struct StoredInfo {
-    status: Option<String>,
-    first_deployed: Option<String>,
-    last_deployed: Option<String>,
-    deleted: Option<String>,
+    status: Option<StoredString>,
+    first_deployed: Option<StoredString>,
+    last_deployed: Option<StoredString>,
+    deleted: Option<StoredString>,
 }
 
 #[derive(Deserialize)]
 struct StoredChart {
-    metadata: Option<StoredChartMetadata>,
+    metadata: Option<StoredObject<StoredChartMetadata>>,
 }
 
 #[derive(Deserialize)]
 struct StoredChartMetadata {
-    name: Option<String>,
-    version: Option<String>,
+    name: Option<StoredString>,
+    version: Option<StoredString>,
     #[serde(rename = "appVersion")]
-    app_version: Option<String>,
+    app_version: Option<StoredString>,
+}
+
+/// A string of the stored release, at most [`MAX_STORED_STRING_BYTES`].
+struct StoredString(String);
+
+impl<'de> Deserialize<'de> for StoredString {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Bounded;
+        impl Visitor<'_> for Bounded {
+            type Value = StoredString;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                write!(f, "a string of at most {MAX_STORED_STRING_BYTES} bytes")
+            }
+            fn visit_str<E: de::Error>(self, text: &str) -> Result<StoredString, E> {
+                if text.len() > MAX_STORED_STRING_BYTES {
+                    return Err(E::custom(format_args!(
+                        "a string of {} bytes, more than {MAX_STORED_STRING_BYTES}",
+                        text.len()
+                    )));
+                }
+                Ok(StoredString(text.to_owned()))
+            }
+        }
+        deserializer.deserialize_string(Bounded)
+    }
+}
+
+/// The stored release's revision number.
+struct StoredVersion(u64);
+
+impl<'de> Deserialize<'de> for StoredVersion {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Revision;
+        impl Visitor<'_> for Revision {
+            type Value = StoredVersion;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a revision number")
+            }
+            fn visit_u64<E: de::Error>(self, number: u64) -> Result<StoredVersion, E> {
+                Ok(StoredVersion(number))
+            }
+            fn visit_i64<E: de::Error>(self, number: i64) -> Result<StoredVersion, E> {
+                u64::try_from(number)
+                    .map(StoredVersion)
+                    .map_err(|_| E::invalid_value(Unexpected::Signed(number), &self))
+            }
+            fn visit_str<E: de::Error>(self, _: &str) -> Result<StoredVersion, E> {
+                Err(E::custom("a string, not a revision number"))
+            }
+        }
+        deserializer.deserialize_any(Revision)
+    }
+}
+
+/// A JSON object of the stored release, read as `T`.
+struct StoredObject<T>(T);
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for StoredObject<T> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Object<T>(PhantomData<T>);
+        impl<'de, T: Deserialize<'de>> Visitor<'de> for Object<T> {
+            type Value = StoredObject<T>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("an object")
+            }
+            fn visit_map<A: de::MapAccess<'de>>(self, map: A) -> Result<StoredObject<T>, A::Error> {
+                T::deserialize(de::value::MapAccessDeserializer::new(map)).map(StoredObject)
+            }
+            fn visit_str<E: de::Error>(self, _: &str) -> Result<StoredObject<T>, E> {
+                Err(E::custom("a string, not an object"))
+            }
+        }
+        deserializer.deserialize_any(Object(PhantomData))
+    }
 }
 
 /// One entry of helm-controller's `status.history`, as flux-plunger writes it.
@@ -109,12 +196,13 @@ impl HistorySnapshot {
         name: &str,
         version: u64,
     ) -> Result<Self, String> {
-        let non_empty = |text: Option<String>| text.filter(|s| !s.is_empty());
-        let required = |text: Option<String>, pointer: &str| {
+        let non_empty =
+            |text: Option<StoredString>| text.map(|text| text.0).filter(|s| !s.is_empty());
+        let required = |text: Option<StoredString>, pointer: &str| {
             non_empty(text).ok_or_else(|| format!("the stored release has no {pointer}"))
         };
         let stored_name = required(release.name, "/name")?;
-        let stored_version = release
+        let StoredVersion(stored_version) = release
             .version
             .ok_or("the stored release has no /version")?;
         if stored_name != name || stored_version != version {
@@ -122,11 +210,14 @@ impl HistorySnapshot {
                 "the stored release is {stored_name} v{stored_version}, not {name} v{version} as its Secret says"
             ));
         }
-        let time = |text: Option<String>| -> Result<Option<String>, String> {
+        let time = |text: Option<StoredString>| -> Result<Option<String>, String> {
             non_empty(text).map(|t| whole_seconds_utc(&t)).transpose()
         };
-        let info = release.info.unwrap_or_default();
-        let metadata = release.chart.and_then(|c| c.metadata);
+        let info = release.info.map(|info| info.0).unwrap_or_default();
+        let metadata = release
+            .chart
+            .and_then(|chart| chart.0.metadata)
+            .map(|metadata| metadata.0);
         let (chart_name, chart_version, app_version) = match metadata {
             Some(m) => (m.name, m.version, m.app_version),
             None => (None, None, None),
@@ -226,7 +317,8 @@ fn decode_stored_release(payload: &[u8]) -> Result<(StoredRelease, String), Stri
     let read = {
         let mut reader = BufReader::new(&mut json);
         let mut de = serde_json::Deserializer::from_reader(&mut reader);
-        StoredRelease::deserialize(&mut de).and_then(|release| de.end().map(|()| release))
+        StoredObject::<StoredRelease>::deserialize(&mut de)
+            .and_then(|release| de.end().map(|()| release.0))
     };
     if json.over_bound {
         return Err(format!(
@@ -330,6 +422,41 @@ mod tests {
         base64::engine::general_purpose::STANDARD
             .encode(gz.finish().unwrap())
             .into_bytes()
+    }
+
+    #[test]
+    fn no_string_of_a_payload_reaches_its_error_past_a_bound() {
+        // Whoever can write the storage namespace writes the payload, and the
+        // error goes to events, logs and notifications: a long string where
+        // the snapshot takes a short one, a number or an object is refused
+        // by its length or its kind, never copied (Rust's escaping of a DEL
+        // would make each byte six).
+        let long = Value::String("\u{7f}".repeat(4 * 1024 * 1024));
+        let mut cases = vec![("the whole release", long.clone())];
+        for pointer in [
+            "/name",
+            "/namespace",
+            "/version",
+            "/info",
+            "/info/status",
+            "/info/first_deployed",
+            "/chart",
+            "/chart/metadata",
+            "/chart/metadata/version",
+        ] {
+            let mut release = stored();
+            *release.pointer_mut(pointer).unwrap() = long.clone();
+            cases.push((pointer, release));
+        }
+        for (what, release) in cases {
+            let err = HistorySnapshot::from_payload(&payload(&release), "demo", 2).unwrap_err();
+            assert!(
+                err.len() < 1024,
+                "{what}: an error of {} bytes: {}",
+                err.len(),
+                err.chars().take(200).collect::<String>()
+            );
+        }
     }
 
     #[test]
