@@ -129,10 +129,7 @@ fn parse_revision(
         return Err(format!("label name is not {}", location.release_name));
     }
     let version = label(HELM_STORAGE_VERSION_LABEL).ok_or("no version label")?;
-    let revision: u64 = version
-        .parse()
-        .ok()
-        .filter(|n| *n > 0)
+    let revision = revision_number(version)
         .ok_or_else(|| format!("version label {version:?} is not a revision number"))?;
     let name = secret.name_any();
     let expected = storage_secret_name(&location.release_name, revision);
@@ -151,6 +148,16 @@ fn parse_revision(
         uid: secret.uid().unwrap_or_default(),
         resource_version: secret.resource_version().unwrap_or_default(),
     })
+}
+
+/// A revision number as Helm writes it: decimal, from 1 to Go's largest
+/// int (the CRD's int64 `version`), with no sign or leading zero, which is
+/// also the only form the admission guard lets flux-plunger delete.
+fn revision_number(label: &str) -> Option<u64> {
+    let revision: u64 = label.parse().ok()?;
+    let canonical =
+        revision > 0 && i64::try_from(revision).is_ok() && revision.to_string() == label;
+    canonical.then_some(revision)
 }
 
 #[cfg(test)]
@@ -250,6 +257,48 @@ mod tests {
         let (revisions, ignored) = parse_revisions(&odd, &location());
         assert!(revisions.is_empty(), "{revisions:?}");
         assert_eq!(ignored.len(), odd.len());
+    }
+
+    #[test]
+    fn a_version_label_the_admission_guard_would_refuse_is_no_revision() {
+        // Whoever can write the storage namespace writes the labels. A
+        // revision only in a form Helm never writes (a leading zero or sign,
+        // past Helm's int) is refused by the admission guard's delete and by
+        // the CRD's int64 history: planned, it would be acquired and undone
+        // on every retry, and it would outrank the real newest revision.
+        let odd = [
+            secret(
+                "sh.helm.release.v1.web.v5",
+                &[("owner", "helm"), ("name", "web"), ("version", "05")],
+            ),
+            secret(
+                "sh.helm.release.v1.web.v6",
+                &[("owner", "helm"), ("name", "web"), ("version", "+6")],
+            ),
+            secret(
+                "sh.helm.release.v1.web.v9223372036854775808",
+                &[
+                    ("owner", "helm"),
+                    ("name", "web"),
+                    ("version", "9223372036854775808"),
+                ],
+            ),
+        ];
+        let (revisions, ignored) = parse_revisions(&odd, &location());
+        assert!(revisions.is_empty(), "{revisions:?}");
+        assert_eq!(ignored.len(), odd.len());
+        let (largest, _) = parse_revisions(
+            &[secret(
+                "sh.helm.release.v1.web.v9223372036854775807",
+                &[
+                    ("owner", "helm"),
+                    ("name", "web"),
+                    ("version", "9223372036854775807"),
+                ],
+            )],
+            &location(),
+        );
+        assert_eq!(largest.len(), 1, "Helm's largest revision is one");
     }
 
     #[test]
