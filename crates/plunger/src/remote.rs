@@ -8,8 +8,8 @@ use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::Api;
 use kube::config::{
-    AuthInfo, Cluster, Context, KubeConfigOptions, Kubeconfig, NamedAuthInfo, NamedCluster,
-    NamedContext,
+    AuthInfo, Cluster, Context, KubeConfigOptions, Kubeconfig, KubeconfigError, NamedAuthInfo,
+    NamedCluster, NamedContext,
 };
 use kube::{Client, Config};
 
@@ -259,8 +259,10 @@ async fn usable_client(
     })?;
     let kubeconfig = Kubeconfig::from_yaml(text).map_err(|e| {
         format!(
-            "the kubeconfig in Secret {}/{} is invalid: {e}",
-            release.namespace, reference.name
+            "the kubeconfig in Secret {}/{} is not valid YAML{}",
+            release.namespace,
+            reference.name,
+            where_unparsable(&e)
         )
     })?;
     let kubeconfig = inline_only(&kubeconfig).map_err(|e| {
@@ -279,6 +281,20 @@ async fn usable_client(
         })?;
     crate::client::bounded(config, crate::timings::REQUEST_TIMEOUT)
         .map_err(|e| format!("no client for the remote cluster: {e}"))
+}
+
+/// Where the YAML parser stopped, and nothing of its message: that quotes
+/// the lines around the fault and any value it did not expect, which are the
+/// kubeconfig's credentials, and the description goes to an Event, the logs
+/// and Flux's notifications.
+fn where_unparsable(error: &KubeconfigError) -> String {
+    match error {
+        KubeconfigError::Parse(parse) => parse
+            .location()
+            .map(|at| format!(" (line {}, column {})", at.line(), at.column()))
+            .unwrap_or_default(),
+        _ => String::new(),
+    }
 }
 
 #[cfg(test)]
@@ -395,6 +411,41 @@ mod tests {
             assert!(
                 why.contains(field) && why.contains("refuses"),
                 "{field}: {why}"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn a_kubeconfig_that_does_not_parse_is_described_without_its_text() {
+        // The description goes to a Warning Event anyone who may view the
+        // release reads, to the logs and to Flux's notifications: the YAML
+        // parser's own message quotes the lines around the fault, and a
+        // value it did not expect, which are the kubeconfig's credentials.
+        let release = ReleaseView {
+            namespace: "apps".into(),
+            ..Default::default()
+        };
+        let reference = crate::release::view::KubeConfigSecretRef {
+            name: "remote".into(),
+            key: None,
+        };
+        for text in [
+            "users:\n- name: u\n  user:\n    token: s3cr3t-old-token\n    token: s3cr3t-new-token\n",
+            "users: s3cr3t-token\n",
+            "users:\n- name: u\n  user: {token: s3cr3t-token\n",
+        ] {
+            let secret = Secret {
+                data: Some(data(&[("value", text)])),
+                ..Default::default()
+            };
+            let err = usable_client(&release, &reference, secret)
+                .await
+                .map(|_| ())
+                .unwrap_err();
+            assert!(!err.contains("s3cr3t"), "{err}");
+            assert!(
+                err.starts_with("the kubeconfig in Secret apps/remote is not valid YAML"),
+                "{err}"
             );
         }
     }
