@@ -162,6 +162,17 @@ fn hand_over(
         }
         None => return Err(format!("revision {} was not read", target.revision)),
     };
+    // The payload is whatever its Secret's writer put there: helm-
+    // controller's uninstall acts on the namespace it names, and the
+    // admission guard refuses any but the release's own.
+    if snapshot.namespace != release.target_namespace() {
+        return Err(format!(
+            "revision {} says it is installed in namespace {}, not in {}",
+            target.revision,
+            snapshot.namespace,
+            release.target_namespace()
+        ));
+    }
     let event = notices::uninstall_handed_over(release, &snapshot, target);
     Ok(Decision::HandOver {
         snapshot,

@@ -696,6 +696,44 @@ fn with_nothing_to_hand_over_our_suspension_is_still_lifted() {
 }
 
 #[test]
+fn a_revision_installed_outside_the_release_s_target_namespace_is_never_handed_over() {
+    // Whoever can write the storage namespace writes the payload. helm-
+    // controller's uninstall acts on the history's namespace, and the
+    // admission guard refuses a history outside the release's own target
+    // namespace: handed over, it would be refused on every retry, and our
+    // suspension never lifted.
+    let elsewhere = |revision: &StorageRevision| {
+        let mut snapshot = snapshot_of(revision);
+        snapshot.namespace = "kube-system".into();
+        StorageFacts::Listed {
+            revisions: vec![revision.clone()],
+            snapshot: Some(Ok(Box::new(snapshot))),
+        }
+    };
+    let storage = elsewhere(&revision(2, "uninstalling"));
+    let suspended = terminating(fenced(ours(stuck(release()))));
+    assert_eq!(
+        decide_with_storage(&suspended, &storage, &clock()),
+        Decision::Lift { keep_fence: true }
+    );
+    let passed = handled_by_helm_controller(terminating(fenced(release())), false);
+    match decide_with_storage(&passed, &storage, &clock()) {
+        Decision::ReleaseWithoutUninstall { event } => {
+            assert!(event.note.contains("kube-system"), "{}", event.note)
+        }
+        other => panic!("{other:?}"),
+    }
+    let mut targeted = suspended.clone();
+    targeted.spec_target_namespace = Some("kube-system".into());
+    let handed_over = decide_with_storage(&targeted, &storage, &clock());
+    let (snapshot, _, _) = hand_over_of(&handed_over);
+    assert_eq!(
+        snapshot.namespace, "kube-system",
+        "its own target namespace"
+    );
+}
+
+#[test]
 fn a_release_whose_history_helm_controller_kept_is_lifted_without_reading_storage() {
     let r = terminating(fenced(ours(release())));
     assert_eq!(decide(&r, &clock()), Decision::Lift { keep_fence: true });

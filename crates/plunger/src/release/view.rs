@@ -193,6 +193,14 @@ impl ReleaseView {
         })
     }
 
+    /// The namespace helm-controller installs the release in:
+    /// `spec.targetNamespace`, else the release's own.
+    pub(crate) fn target_namespace(&self) -> &str {
+        self.spec_target_namespace
+            .as_deref()
+            .unwrap_or(&self.namespace)
+    }
+
     /// `namespace/name`, for logs and reports.
     pub fn key(&self) -> String {
         format!("{}/{}", self.namespace, self.name)
