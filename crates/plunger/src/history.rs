@@ -13,7 +13,6 @@
 
 use std::fmt;
 use std::io::{BufReader, Read};
-use std::marker::PhantomData;
 
 use base64::Engine;
 use serde::Deserialize;
@@ -21,6 +20,8 @@ use serde::de::{self, Unexpected, Visitor};
 use serde_json::value::RawValue;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
+
+use crate::untrusted::{Object, Text};
 
 /// The most of a `release` value read at all: a Secret holds at most 1 MiB,
 /// so a longer value is no revision Helm wrote.
@@ -47,16 +48,16 @@ const MAX_STORED_STRING_BYTES: usize = 1024;
 /// skipped as the JSON streams past, never built into a tree: a payload
 /// written by whoever can create a Secret in the storage namespace cannot
 /// make flux-plunger hold more than its few strings and its values. Each
-/// field is read by its kind alone (`StoredString`, `StoredVersion`,
-/// `StoredObject`): serde's own error for a value of another kind quotes a
+/// field is read by its kind alone (`crate::untrusted`, and
+/// `StoredVersion`): serde's own error for a value of another kind quotes a
 /// string whole.
 #[derive(Deserialize)]
 struct StoredRelease {
     name: Option<StoredString>,
     namespace: Option<StoredString>,
     version: Option<StoredVersion>,
-    info: Option<StoredObject<StoredInfo>>,
-    chart: Option<StoredObject<StoredChart>>,
+    info: Option<Object<StoredInfo>>,
+    chart: Option<Object<StoredChart>>,
     /// The values, as Helm serialized them: Helm writes the release with
     /// Go's `json.Marshal`, which is how helm-controller digests values, so
     /// the digest is taken of these very bytes.
@@ -73,7 +74,7 @@ struct StoredInfo {
 
 #[derive(Deserialize)]
 struct StoredChart {
-    metadata: Option<StoredObject<StoredChartMetadata>>,
+    metadata: Option<Object<StoredChartMetadata>>,
 }
 
 #[derive(Deserialize)]
@@ -84,30 +85,8 @@ struct StoredChartMetadata {
     app_version: Option<StoredString>,
 }
 
-/// A string of the stored release, at most [`MAX_STORED_STRING_BYTES`].
-struct StoredString(String);
-
-impl<'de> Deserialize<'de> for StoredString {
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct Bounded;
-        impl Visitor<'_> for Bounded {
-            type Value = StoredString;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                write!(f, "a string of at most {MAX_STORED_STRING_BYTES} bytes")
-            }
-            fn visit_str<E: de::Error>(self, text: &str) -> Result<StoredString, E> {
-                if text.len() > MAX_STORED_STRING_BYTES {
-                    return Err(E::custom(format_args!(
-                        "a string of {} bytes, more than {MAX_STORED_STRING_BYTES}",
-                        text.len()
-                    )));
-                }
-                Ok(StoredString(text.to_owned()))
-            }
-        }
-        deserializer.deserialize_string(Bounded)
-    }
-}
+/// A string of the stored release.
+type StoredString = Text<MAX_STORED_STRING_BYTES>;
 
 /// The stored release's revision number.
 struct StoredVersion(u64);
@@ -133,28 +112,6 @@ impl<'de> Deserialize<'de> for StoredVersion {
             }
         }
         deserializer.deserialize_any(Revision)
-    }
-}
-
-/// A JSON object of the stored release, read as `T`.
-struct StoredObject<T>(T);
-
-impl<'de, T: Deserialize<'de>> Deserialize<'de> for StoredObject<T> {
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct Object<T>(PhantomData<T>);
-        impl<'de, T: Deserialize<'de>> Visitor<'de> for Object<T> {
-            type Value = StoredObject<T>;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("an object")
-            }
-            fn visit_map<A: de::MapAccess<'de>>(self, map: A) -> Result<StoredObject<T>, A::Error> {
-                T::deserialize(de::value::MapAccessDeserializer::new(map)).map(StoredObject)
-            }
-            fn visit_str<E: de::Error>(self, _: &str) -> Result<StoredObject<T>, E> {
-                Err(E::custom("a string, not an object"))
-            }
-        }
-        deserializer.deserialize_any(Object(PhantomData))
     }
 }
 
@@ -317,7 +274,7 @@ fn decode_stored_release(payload: &[u8]) -> Result<(StoredRelease, String), Stri
     let read = {
         let mut reader = BufReader::new(&mut json);
         let mut de = serde_json::Deserializer::from_reader(&mut reader);
-        StoredObject::<StoredRelease>::deserialize(&mut de)
+        Object::<StoredRelease>::deserialize(&mut de)
             .and_then(|release| de.end().map(|()| release.0))
     };
     if json.over_bound {
@@ -422,6 +379,19 @@ mod tests {
         base64::engine::general_purpose::STANDARD
             .encode(gz.finish().unwrap())
             .into_bytes()
+    }
+
+    #[test]
+    fn a_version_that_is_no_revision_number_is_refused() {
+        for version in [json!(-2), json!("2"), json!(2.5), json!([2])] {
+            let mut release = stored();
+            release["version"] = version.clone();
+            let err = HistorySnapshot::from_payload(&payload(&release), "demo", 2).unwrap_err();
+            assert!(
+                err.starts_with("the stored release is not JSON"),
+                "{version}: {err}"
+            );
+        }
     }
 
     #[test]

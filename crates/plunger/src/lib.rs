@@ -9,7 +9,8 @@
 //!   (the snapshot helm-controller's uninstall needs), [`names`] (the fixed
 //!   names of SPEC §1), [`notices`] (every event's words), [`ratelimit`]
 //!   (the recovery rate limit), [`scope`] (which releases an install acts
-//!   on), [`timings`] (every duration, from one chart value), and the views
+//!   on), [`timings`] (every duration, from one chart value), `untrusted`
+//!   (JSON a tenant shapes, decoded by kind and bounded), and the views
 //!   [`release::view`], [`storage::view`] and [`sweep::plan`].
 //! - **Carrying them out**: the modules that talk to the apiserver.
 //!   [`apply`] (every write to a HelmRelease), [`client`] (every request
@@ -38,6 +39,7 @@ pub mod release;
 pub mod scope;
 pub mod storage;
 pub mod timings;
+pub(crate) mod untrusted;
 
 // Carrying them out: the modules that talk to the apiserver.
 pub mod apply;
