@@ -8,7 +8,6 @@ use std::collections::BTreeMap;
 use anyhow::Result;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
-use kube::ResourceExt;
 use kube::api::{Patch, PatchParams, PostParams};
 use plunger::names::{self, PROCESSED_VERSION_ANNOTATION};
 use plunger::reconcile::Outcome;
@@ -175,7 +174,7 @@ async fn secrets_that_only_look_like_storage_are_never_deleted_nor_taken_for_the
     let listed: Vec<String> = list_storage(&w.ns.client, &location)
         .await?
         .iter()
-        .map(ResourceExt::name_any)
+        .map(|secret| secret.name().to_owned())
         .collect();
     let expected: Vec<String> = after
         .iter()

@@ -141,10 +141,13 @@ pub enum Fault {
     BlackHole,
     /// A [`Hold`] with an answer: forwarded at once, answered late.
     SlowAnswer,
+    /// A [`Hold`] answered with a body of its own, never forwarded: what a
+    /// hostile server sends.
+    CraftedAnswer,
 }
 
 impl Fault {
-    pub const ALL: [Fault; 9] = [
+    pub const ALL: [Fault; 10] = [
         Fault::ResetBeforeForward,
         Fault::ResetAfterForward,
         Fault::InternalError,
@@ -154,6 +157,7 @@ impl Fault {
         Fault::Latency,
         Fault::BlackHole,
         Fault::SlowAnswer,
+        Fault::CraftedAnswer,
     ];
 
     pub fn name(self) -> &'static str {
@@ -167,6 +171,7 @@ impl Fault {
             Fault::Latency => "latency",
             Fault::BlackHole => "black-hole",
             Fault::SlowAnswer => "slow-answer",
+            Fault::CraftedAnswer => "crafted-answer",
         }
     }
 }
@@ -231,6 +236,9 @@ pub struct Hold {
     /// Answered at once with this status instead, never forwarded (an
     /// apiserver that keeps failing one request).
     pub fail_with: Option<u16>,
+    /// Answered at once with this status and JSON body, never forwarded
+    /// (a hostile server).
+    pub answer_with: Option<(u16, Bytes)>,
 }
 
 impl Hold {
@@ -244,6 +252,7 @@ impl Hold {
             times: None,
             answer_after: None,
             fail_with: None,
+            answer_with: None,
         }
     }
 
@@ -261,6 +270,15 @@ impl Hold {
     pub fn failing(verb: Verb, path_suffix: &str, code: u16) -> Self {
         Self {
             fail_with: Some(code),
+            ..Self::black_hole(verb, path_suffix)
+        }
+    }
+
+    /// Every `verb` request to a path ending with `path_suffix` is answered
+    /// with `code` and `body` (JSON), never forwarded.
+    pub fn answering(verb: Verb, path_suffix: &str, code: u16, body: Bytes) -> Self {
+        Self {
+            answer_with: Some((code, body)),
             ..Self::black_hole(verb, path_suffix)
         }
     }
@@ -287,6 +305,9 @@ impl Hold {
     }
 
     fn fault(&self) -> Fault {
+        if self.answer_with.is_some() {
+            return Fault::CraftedAnswer;
+        }
         match (self.fail_with, self.answer_after) {
             (Some(503), _) => Fault::Unavailable,
             (Some(_), _) => Fault::InternalError,
@@ -667,6 +688,15 @@ async fn held(
     parts: http::request::Parts,
     body: Bytes,
 ) -> Result<Response<Body>, InjectedReset> {
+    if let Some((code, body)) = hold.answer_with {
+        let mut response = Response::new(Body::from(body));
+        *response.status_mut() = StatusCode::from_u16(code).expect("a valid status code");
+        response.headers_mut().insert(
+            header::CONTENT_TYPE,
+            header::HeaderValue::from_static("application/json"),
+        );
+        return Ok(response);
+    }
     if let Some(code) = hold.fail_with {
         return Ok(status(
             code,
@@ -739,7 +769,13 @@ async fn pass(
             ));
         }
         // Holds are never drawn: `take_hold` picks them before any draw.
-        Some(Fault::ResetAfterForward | Fault::Latency | Fault::BlackHole | Fault::SlowAnswer)
+        Some(
+            Fault::ResetAfterForward
+            | Fault::Latency
+            | Fault::BlackHole
+            | Fault::SlowAnswer
+            | Fault::CraftedAnswer,
+        )
         | None => {}
     }
     let response = match forward(&shared.upstream, parts, body).await {

@@ -10,14 +10,37 @@
 //! kept) is not needed to find or delete one, and a payload not read is one
 //! neither held nor sent over the wire. The one payload read is the snapshot
 //! the uninstall hand-over needs.
+//!
+//! What these requests read is shaped by a tenant: the Secrets by whoever
+//! can write the storage namespace, and, for a release in a remote cluster,
+//! the whole answer by whatever server its kubeconfig names. So each answer
+//! is read to at most [`MAX_ANSWER_BYTES`], listed in pages, and decoded by
+//! kind into only what is used (`crate::untrusted`); a refusal keeps its
+//! code, reason and the start of its message.
 
+use bytes::Bytes;
+use http_body_util::{BodyExt, Limited};
 use k8s_openapi::api::core::v1::Secret;
-use kube::Client;
-use kube::api::{Api, DeleteParams, ListParams, Preconditions};
+use kube::api::{DeleteParams, GetParams, ListParams, Preconditions};
+use kube::client::Body;
+use kube::core::{Request, Status};
+use kube::{Client, Resource};
+use serde::Deserialize;
+use serde::de::{DeserializeOwned, IgnoredAny};
 
 use crate::history::HistorySnapshot;
 use crate::names::{HELM_STORAGE_NAME_LABEL, HELM_STORAGE_OWNER_LABEL, HELM_STORAGE_SECRET_TYPE};
 use crate::storage::view::{ListedSecret, StorageLocation, StorageRevision};
+use crate::untrusted::{Excerpt, List, Object, Text};
+
+/// The most of one answer read. An honest answer is at most a page of
+/// [`STORAGE_PAGE_SIZE`] Secrets' metadata, or one Secret: an object is at
+/// most 1.5 MiB (etcd's limit), so a page is at most 15 MiB.
+const MAX_ANSWER_BYTES: usize = 32 * 1024 * 1024;
+
+/// Secrets listed a page. helm-controller keeps 5 revisions by default
+/// (`maxHistory`), the helm CLI 10: one page holds a release's storage.
+const STORAGE_PAGE_SIZE: u32 = 10;
 
 /// Lists the storage Secrets of `location` from the apiserver, as metadata:
 /// only Secrets of Helm's storage type, with the labels of this release. The
@@ -26,11 +49,34 @@ pub async fn list_storage(
     client: &Client,
     location: &StorageLocation,
 ) -> kube::Result<Vec<ListedSecret>> {
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), &location.namespace);
-    Ok(secrets
-        .list_metadata(&storage_list_params(location))
-        .await?
-        .items)
+    let secrets = Request::new(Secret::url_path(&(), Some(&location.namespace)));
+    let mut params = storage_list_params(location);
+    let mut listed = Vec::new();
+    loop {
+        let request = secrets
+            .list_metadata(&params)
+            .map_err(kube::Error::BuildRequest)?;
+        let Object(page) = send_bounded::<Object<StoragePage>>(client, request).await?;
+        listed.extend(page.items.map(|List(items)| items).unwrap_or_default());
+        match page.metadata.and_then(|Object(meta)| meta.continue_) {
+            Some(Text(token)) if !token.is_empty() => params = params.continue_token(&token),
+            _ => break,
+        }
+    }
+    Ok(listed)
+}
+
+/// One page of a storage listing, at most its page size of Secrets.
+#[derive(Deserialize)]
+struct StoragePage {
+    metadata: Option<Object<PageMeta>>,
+    items: Option<List<ListedSecret, { STORAGE_PAGE_SIZE as usize }>>,
+}
+
+#[derive(Deserialize)]
+struct PageMeta {
+    #[serde(rename = "continue")]
+    continue_: Option<Text<4096>>,
 }
 
 fn storage_list_params(location: &StorageLocation) -> ListParams {
@@ -41,6 +87,7 @@ fn storage_list_params(location: &StorageLocation) -> ListParams {
     ListParams::default()
         .labels(&labels)
         .fields(&format!("type={HELM_STORAGE_SECRET_TYPE}"))
+        .limit(STORAGE_PAGE_SIZE)
 }
 
 /// One payload is read and decoded at a time in a process: the drain works
@@ -49,6 +96,21 @@ fn storage_list_params(location: &StorageLocation) -> ListParams {
 /// values it inflates to, so sixteen at once could pass the pod's memory
 /// limit where one cannot.
 static PAYLOAD_READS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(1);
+
+/// The most of a `release` value read: twice what a Secret holds, as the
+/// JSON's base64 of Helm's base64.
+const MAX_RELEASE_VALUE_BYTES: usize = 2 * 1024 * 1024;
+
+/// A storage Secret read for its payload: its `release` value alone.
+#[derive(Deserialize)]
+struct PayloadSecret {
+    data: Option<Object<PayloadData>>,
+}
+
+#[derive(Deserialize)]
+struct PayloadData {
+    release: Option<Text<MAX_RELEASE_VALUE_BYTES>>,
+}
 
 /// Reads one revision's payload and makes helm-controller's history entry of
 /// it; the inner error says why the payload is not a readable release.
@@ -61,13 +123,19 @@ pub(crate) async fn read_snapshot(
         .acquire()
         .await
         .expect("the payload semaphore is never closed");
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), &revision.namespace);
-    let secret = secrets.get(&revision.name).await?;
-    let Some(payload) = secret.data.as_ref().and_then(|d| d.get("release")) else {
+    let request = Request::new(Secret::url_path(&(), Some(&revision.namespace)))
+        .get(&revision.name, &GetParams::default())
+        .map_err(kube::Error::BuildRequest)?;
+    let Object(secret) = send_bounded::<Object<PayloadSecret>>(client, request).await?;
+    let Some(Text(value)) = secret.data.and_then(|Object(data)| data.release) else {
         return Ok(Err("the Secret holds no release".to_owned()));
     };
+    let Ok(payload) = base64::Engine::decode(&base64::engine::general_purpose::STANDARD, value)
+    else {
+        return Ok(Err("the Secret's release value is not base64".to_owned()));
+    };
     Ok(HistorySnapshot::from_payload(
-        &payload.0,
+        &payload,
         release_name,
         revision.revision,
     ))
@@ -79,7 +147,6 @@ pub(crate) async fn delete_revision(
     client: &Client,
     revision: &StorageRevision,
 ) -> kube::Result<()> {
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), &revision.namespace);
     let params = DeleteParams {
         preconditions: Some(Preconditions {
             uid: Some(revision.uid.clone()),
@@ -87,13 +154,111 @@ pub(crate) async fn delete_revision(
         }),
         ..DeleteParams::default()
     };
-    secrets.delete(&revision.name, &params).await?;
+    let request = Request::new(Secret::url_path(&(), Some(&revision.namespace)))
+        .delete(&revision.name, &params)
+        .map_err(kube::Error::BuildRequest)?;
+    // What the delete answers (the Secret, or a Status) is not needed.
+    send_bounded::<IgnoredAny>(client, request).await?;
     Ok(())
+}
+
+/// The most of a refusal's message kept.
+const MAX_REFUSAL_MESSAGE_BYTES: usize = 1024;
+
+/// Sends `request` and decodes its answer as `T`, reading at most
+/// [`MAX_ANSWER_BYTES`]. A refusal (4xx, 5xx) is `kube::Error::Api`, as
+/// kube's own requests answer it, with its message cut to
+/// [`MAX_REFUSAL_MESSAGE_BYTES`] and its details unread.
+async fn send_bounded<T: DeserializeOwned>(
+    client: &Client,
+    request: http::Request<Vec<u8>>,
+) -> kube::Result<T> {
+    let response = client.send(request.map(Body::from)).await?;
+    let code = response.status();
+    let answer = read_at_most(response.into_body(), MAX_ANSWER_BYTES).await?;
+    if code.is_client_error() || code.is_server_error() {
+        return Err(kube::Error::Api(
+            refusal_status(code.as_u16(), &answer).boxed(),
+        ));
+    }
+    serde_json::from_slice(&answer).map_err(kube::Error::SerdeError)
+}
+
+/// The body, whole, if it is at most `max` bytes.
+async fn read_at_most(body: Body, max: usize) -> kube::Result<Bytes> {
+    match Limited::new(body, max).collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(err) if err.is::<http_body_util::LengthLimitError>() => Err(kube::Error::Service(
+            format!("the answer is larger than {max} bytes, more than any honest answer").into(),
+        )),
+        Err(err) => Err(match err.downcast::<kube::Error>() {
+            Ok(err) => *err,
+            Err(other) => kube::Error::Service(other),
+        }),
+    }
+}
+
+/// A refusal's Status, as far as it is read.
+#[derive(Deserialize)]
+struct Refusal {
+    message: Option<Excerpt<MAX_REFUSAL_MESSAGE_BYTES>>,
+    reason: Option<Excerpt<128>>,
+}
+
+/// The Status of a refusal answered `code`: its message and reason, when the
+/// answer is one; else the start of the answer, as kube reads an answer that
+/// is no Status (a proxy's page).
+fn refusal_status(code: u16, answer: &[u8]) -> Status {
+    match serde_json::from_slice::<Object<Refusal>>(answer) {
+        Ok(Object(refusal)) => Status::failure(
+            &refusal.message.map(|m| m.0).unwrap_or_default(),
+            &refusal.reason.map(|r| r.0).unwrap_or_default(),
+        ),
+        Err(_) => {
+            let text =
+                String::from_utf8_lossy(&answer[..answer.len().min(2 * MAX_REFUSAL_MESSAGE_BYTES)]);
+            Status::failure(
+                &crate::untrusted::excerpt(text.trim(), MAX_REFUSAL_MESSAGE_BYTES),
+                "Failed to parse error data",
+            )
+        }
+    }
+    .with_code(code)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_refusal_keeps_its_code_reason_and_the_start_of_its_message() {
+        let forbidden = refusal_status(
+            403,
+            br#"{"kind":"Status","code":403,"reason":"Forbidden","message":"secrets is forbidden","details":{"causes":[{}]}}"#,
+        );
+        assert_eq!(
+            (
+                forbidden.code,
+                forbidden.reason.as_str(),
+                forbidden.message.as_str()
+            ),
+            (403, "Forbidden", "secrets is forbidden")
+        );
+        let long = format!(r#"{{"message":"{}"}}"#, "no ".repeat(1000));
+        let cut = refusal_status(500, long.as_bytes());
+        assert_eq!(
+            cut.message.len(),
+            MAX_REFUSAL_MESSAGE_BYTES + '…'.len_utf8()
+        );
+        assert_eq!(cut.code, 500);
+        let page = refusal_status(502, "<html>bad gateway</html>".repeat(1000).as_bytes());
+        assert!(page.message.starts_with("<html>bad gateway</html>"));
+        assert!(page.message.len() <= MAX_REFUSAL_MESSAGE_BYTES + '…'.len_utf8());
+        assert_eq!(
+            (page.code, page.reason.as_str()),
+            (502, "Failed to parse error data")
+        );
+    }
 
     #[test]
     fn storage_is_listed_by_type_and_labels() {
@@ -111,5 +276,6 @@ mod tests {
             params.label_selector.as_deref(),
             Some("owner=helm,name=web")
         );
+        assert_eq!(params.limit, Some(STORAGE_PAGE_SIZE));
     }
 }

@@ -1,9 +1,11 @@
 //! Helm's release storage as read from a listing: where a release's Secrets
 //! are, and which of them are well-formed revisions. No request is made here.
 
-use k8s_openapi::api::core::v1::Secret;
-use kube::ResourceExt;
-use kube::api::PartialObjectMeta;
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::Deserialize;
+use serde::de::{Deserializer, IgnoredAny, MapAccess, Visitor};
 use sha2::{Digest, Sha256};
 
 use crate::names::{
@@ -11,6 +13,7 @@ use crate::names::{
     HELM_STORAGE_VERSION_LABEL, storage_secret_name,
 };
 use crate::release::view::ReleaseView;
+use crate::untrusted::{Object, Text, is_set};
 
 /// Where helm-controller keeps a release's storage Secrets.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -86,8 +89,91 @@ pub(crate) struct IgnoredSecret {
     pub(crate) why: String,
 }
 
-/// A storage Secret as listed: its metadata, no payload.
-pub(crate) type ListedSecret = PartialObjectMeta<Secret>;
+/// A storage Secret as its metadata listing is decoded: of its metadata only
+/// what a revision is read from. Whoever can write the storage namespace
+/// writes these Secrets, and a remote cluster's answer comes from whatever
+/// server its kubeconfig names: their other labels, their annotations and
+/// managedFields are skipped while parsing (`IgnoredAny` allocates nothing),
+/// so a listed Secret costs its name and four labels however large it is.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+pub struct ListedSecret {
+    #[serde(default)]
+    pub(crate) metadata: Object<ListedSecretMeta>,
+}
+
+/// The longest name, uid or resourceVersion a listed Secret may carry (a
+/// Kubernetes name is at most 253 characters).
+const MAX_LISTED_NAME_BYTES: usize = 253;
+
+/// The longest storage label value read (a label value is at most 63
+/// characters).
+const MAX_LABEL_VALUE_BYTES: usize = 63;
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct ListedSecretMeta {
+    #[serde(default)]
+    pub(crate) name: Text<MAX_LISTED_NAME_BYTES>,
+    #[serde(default)]
+    pub(crate) uid: Text<MAX_LISTED_NAME_BYTES>,
+    #[serde(default)]
+    pub(crate) resource_version: Text<MAX_LISTED_NAME_BYTES>,
+    /// Being deleted already (`deletionTimestamp` is set).
+    #[serde(default, rename = "deletionTimestamp", deserialize_with = "is_set")]
+    pub(crate) being_deleted: bool,
+    /// The storage labels (owner, name, version, status); no other label
+    /// is kept.
+    #[serde(default, deserialize_with = "storage_labels")]
+    pub(crate) labels: BTreeMap<String, String>,
+}
+
+impl ListedSecret {
+    pub fn name(&self) -> &str {
+        &self.metadata.0.name.0
+    }
+}
+
+/// The labels a revision is read from, each value bounded; any other label
+/// is skipped unread.
+fn storage_labels<'de, D: Deserializer<'de>>(
+    deserializer: D,
+) -> Result<BTreeMap<String, String>, D::Error> {
+    struct StorageLabels;
+    impl<'de> Visitor<'de> for StorageLabels {
+        type Value = BTreeMap<String, String>;
+        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            f.write_str("labels")
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+            let mut kept = BTreeMap::new();
+            while let Some(Text(key)) = map.next_key::<Text<MAX_LISTED_NAME_BYTES>>()? {
+                if STORAGE_LABELS.contains(&key.as_str()) {
+                    let Text(value) = map.next_value::<Text<MAX_LABEL_VALUE_BYTES>>()?;
+                    kept.insert(key, value);
+                } else {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+            Ok(kept)
+        }
+        fn visit_unit<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+            Ok(BTreeMap::new())
+        }
+        fn visit_str<E: serde::de::Error>(self, _: &str) -> Result<Self::Value, E> {
+            Err(E::custom("a string, not labels"))
+        }
+    }
+    deserializer.deserialize_any(StorageLabels)
+}
+
+/// The labels Helm's storage writes on every revision, which decide what
+/// a Secret is.
+const STORAGE_LABELS: [&str; 4] = [
+    HELM_STORAGE_OWNER_LABEL,
+    HELM_STORAGE_NAME_LABEL,
+    HELM_STORAGE_VERSION_LABEL,
+    HELM_STORAGE_STATUS_LABEL,
+];
 
 /// Sorts listed Secrets into well-formed revisions of `location` and the rest.
 /// Only a Secret whose type, labels and name all agree is a revision: a
@@ -101,7 +187,7 @@ pub(crate) fn parse_revisions(
     let mut revisions = Vec::new();
     let mut ignored = Vec::new();
     for secret in secrets {
-        let name = secret.name_any();
+        let name = secret.name().to_owned();
         match parse_revision(secret, location) {
             Ok(revision) => revisions.push(revision),
             Err(why) => ignored.push(IgnoredSecret { name, why }),
@@ -115,13 +201,13 @@ fn parse_revision(
     secret: &ListedSecret,
     location: &StorageLocation,
 ) -> Result<StorageRevision, String> {
-    if secret.metadata.deletion_timestamp.is_some() {
+    let meta = &secret.metadata.0;
+    if meta.being_deleted {
         // Deleted already, its delete held by a finalizer: deleting it again
         // changes nothing, and reclaiming it again would repeat forever.
         return Err("it is being deleted already (a finalizer holds it)".to_owned());
     }
-    let labels = secret.labels();
-    let label = |key: &str| labels.get(key).map(String::as_str);
+    let label = |key: &str| meta.labels.get(key).map(String::as_str);
     if label(HELM_STORAGE_OWNER_LABEL) != Some("helm") {
         return Err("label owner is not helm".to_owned());
     }
@@ -131,7 +217,7 @@ fn parse_revision(
     let version = label(HELM_STORAGE_VERSION_LABEL).ok_or("no version label")?;
     let revision = revision_number(version)
         .ok_or_else(|| format!("version label {version:?} is not a revision number"))?;
-    let name = secret.name_any();
+    let name = secret.name().to_owned();
     let expected = storage_secret_name(&location.release_name, revision);
     if name != expected {
         return Err(format!(
@@ -145,8 +231,8 @@ fn parse_revision(
         status: label(HELM_STORAGE_STATUS_LABEL)
             .unwrap_or_default()
             .to_owned(),
-        uid: secret.uid().unwrap_or_default(),
-        resource_version: secret.resource_version().unwrap_or_default(),
+        uid: meta.uid.0.clone(),
+        resource_version: meta.resource_version.0.clone(),
     })
 }
 
@@ -165,8 +251,6 @@ mod tests {
     use super::*;
     use std::collections::BTreeMap;
 
-    use kube::api::ObjectMeta;
-
     fn location() -> StorageLocation {
         StorageLocation {
             namespace: "apps".into(),
@@ -174,22 +258,13 @@ mod tests {
         }
     }
 
+    /// A listed Secret, decoded from its listing's JSON as the requests do.
     fn secret(name: &str, labels: &[(&str, &str)]) -> ListedSecret {
-        ListedSecret {
-            metadata: ObjectMeta {
-                name: Some(name.into()),
-                uid: Some(format!("uid-{name}")),
-                resource_version: Some("9".into()),
-                labels: Some(
-                    labels
-                        .iter()
-                        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-                        .collect::<BTreeMap<_, _>>(),
-                ),
-                ..Default::default()
-            },
-            ..Default::default()
-        }
+        let labels: BTreeMap<&str, &str> = labels.iter().copied().collect();
+        serde_json::from_value(serde_json::json!({"metadata": {
+            "name": name, "uid": format!("uid-{name}"), "resourceVersion": "9", "labels": labels,
+        }}))
+        .unwrap()
     }
 
     fn good(n: u64, status: &str) -> ListedSecret {
@@ -302,12 +377,38 @@ mod tests {
     }
 
     #[test]
+    fn of_a_listed_secret_only_the_storage_labels_are_kept() {
+        let listed: ListedSecret = serde_json::from_value(serde_json::json!({"metadata": {
+            "name": "sh.helm.release.v1.web.v1", "annotations": {"a": "b"},
+            "managedFields": [{"manager": "helm"}],
+            "labels": {"owner": "helm", "name": "web", "version": "1", "status": "deployed",
+                "team": "apps", "junk.example.com/k1": "v"},
+        }}))
+        .unwrap();
+        assert_eq!(
+            listed.metadata.0.labels.keys().collect::<Vec<_>>(),
+            ["name", "owner", "status", "version"]
+        );
+        let unlabelled: ListedSecret =
+            serde_json::from_value(serde_json::json!({"metadata": {"labels": null}})).unwrap();
+        assert!(unlabelled.metadata.0.labels.is_empty());
+        for odd in [
+            serde_json::json!({"metadata": {"labels": "owner=helm"}}),
+            serde_json::json!({"metadata": {"labels": {"version": "1".repeat(64)}}}),
+            serde_json::json!({"metadata": {"name": "n".repeat(254)}}),
+        ] {
+            assert!(serde_json::from_value::<ListedSecret>(odd).is_err());
+        }
+    }
+
+    #[test]
     fn a_secret_being_deleted_is_never_a_revision_to_reclaim_again() {
-        let mut held = good(3, "uninstalling");
-        held.metadata.deletion_timestamp =
-            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
-                k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
-            ));
+        let held: ListedSecret = serde_json::from_value(serde_json::json!({"metadata": {
+            "name": "sh.helm.release.v1.web.v3", "uid": "uid-3", "resourceVersion": "9",
+            "deletionTimestamp": "2026-01-01T00:00:00Z", "finalizers": ["example.com/keep"],
+            "labels": {"owner": "helm", "name": "web", "version": "3", "status": "uninstalling"},
+        }}))
+        .unwrap();
         let (revisions, ignored) = parse_revisions(&[good(2, "deployed"), held], &location());
         assert_eq!(
             revisions.iter().map(|r| r.revision).collect::<Vec<_>>(),
