@@ -55,18 +55,8 @@ async fn growth<T>(work: impl Future<Output = T>) -> Result<(T, u64)> {
 async fn stuck_in_a_cluster_behind(w: &World, proxy: &FaultProxy) -> Result<()> {
     w.ns.create_storage_secret("web", 1, "superseded").await?;
     w.ns.create_storage_secret("web", 2, "uninstalling").await?;
-    let kubeconfig: Secret = serde_json::from_value(json!({
-        "metadata": {"name": "remote-kubeconfig"},
-        "stringData": {"value.yaml": proxy.kubeconfig_yaml(&w.ns.name)},
-    }))?;
-    w.ns.secrets()
-        .create(&PostParams::default(), &kubeconfig)
+    w.ns.create_remote_release("web", &proxy.kubeconfig_yaml(&w.ns.name))
         .await?;
-    w.ns.create_release(
-        "web",
-        json!({"kubeConfig": {"secretRef": {"name": "remote-kubeconfig"}}}),
-    )
-    .await?;
     w.hc.handle("web").await?;
     w.ns.mark_stuck("web").await?;
     Ok(())

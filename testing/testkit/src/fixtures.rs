@@ -75,6 +75,28 @@ impl TestNamespace {
         self.create_release_object(name, extra_spec, &[]).await
     }
 
+    /// A release installed in another cluster: the kubeconfig document
+    /// `kubeconfig_yaml` in Secret `remote-kubeconfig` (key `value.yaml`),
+    /// which its `spec.kubeConfig` names.
+    pub async fn create_remote_release(
+        &self,
+        name: &str,
+        kubeconfig_yaml: &str,
+    ) -> Result<DynamicObject> {
+        let kubeconfig: Secret = serde_json::from_value(json!({
+            "metadata": {"name": "remote-kubeconfig"},
+            "stringData": {"value.yaml": kubeconfig_yaml},
+        }))?;
+        self.secrets()
+            .create(&PostParams::default(), &kubeconfig)
+            .await?;
+        self.create_release(
+            name,
+            json!({"kubeConfig": {"secretRef": {"name": "remote-kubeconfig"}}}),
+        )
+        .await
+    }
+
     async fn create_release_object(
         &self,
         name: &str,

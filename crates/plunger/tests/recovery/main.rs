@@ -365,7 +365,7 @@ async fn stuck_in_a_remote_cluster(
     w: &World,
     revisions: &[(u64, &str)],
 ) -> Result<(testkit::ControlPlane, TestNamespace)> {
-    use k8s_openapi::api::core::v1::{Namespace, Secret};
+    use k8s_openapi::api::core::v1::Namespace;
     use kube::api::{Api, PostParams};
     let remote = testkit::ControlPlane::start_another()?;
     let remote_client = remote.client().await?;
@@ -386,16 +386,9 @@ async fn stuck_in_a_remote_cluster(
             .await?;
     }
     w.ns.create_storage_secret("web", 2, "uninstalling").await?;
-    let kubeconfig: Secret = serde_json::from_value(json!({
-        "metadata": {"name": "remote-kubeconfig"},
-        "stringData": {"value.yaml": remote.kubeconfig_yaml(&testkit::control_plane::AuthInfo::AdminCertificate)},
-    }))?;
-    w.ns.secrets()
-        .create(&PostParams::default(), &kubeconfig)
-        .await?;
-    w.ns.create_release(
+    w.ns.create_remote_release(
         "web",
-        json!({"kubeConfig": {"secretRef": {"name": "remote-kubeconfig"}}}),
+        &remote.kubeconfig_yaml(&testkit::control_plane::AuthInfo::AdminCertificate),
     )
     .await?;
     w.hc.handle("web").await?;
