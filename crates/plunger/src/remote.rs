@@ -429,10 +429,16 @@ mod tests {
             name: "remote".into(),
             key: None,
         };
-        for text in [
-            "users:\n- name: u\n  user:\n    token: s3cr3t-old-token\n    token: s3cr3t-new-token\n",
-            "users: s3cr3t-token\n",
-            "users:\n- name: u\n  user: {token: s3cr3t-token\n",
+        for (text, at) in [
+            (
+                "users:\n- name: u\n  user:\n    token: s3cr3t-old-token\n    token: s3cr3t-new-token\n",
+                "(line 5, column 5)",
+            ),
+            ("users: s3cr3t-token\n", "(line 1, column 8)"),
+            (
+                "users:\n- name: u\n  user: {token: s3cr3t-token\n",
+                "(line 3, column 9)",
+            ),
         ] {
             let secret = Secret {
                 data: Some(data(&[("value", text)])),
@@ -443,9 +449,10 @@ mod tests {
                 .map(|_| ())
                 .unwrap_err();
             assert!(!err.contains("s3cr3t"), "{err}");
-            assert!(
-                err.starts_with("the kubeconfig in Secret apps/remote is not valid YAML"),
-                "{err}"
+            assert_eq!(
+                err,
+                format!("the kubeconfig in Secret apps/remote is not valid YAML {at}"),
+                "where the parser stopped, and nothing of what it read"
             );
         }
     }

@@ -215,8 +215,9 @@ fn refusal_status(code: u16, answer: &[u8]) -> Status {
             &refusal.reason.map(|r| r.0).unwrap_or_default(),
         ),
         Err(_) => {
-            let text =
-                String::from_utf8_lossy(&answer[..answer.len().min(2 * MAX_REFUSAL_MESSAGE_BYTES)]);
+            // One byte past the excerpt, so that it is marked as cut.
+            let start = &answer[..answer.len().min(MAX_REFUSAL_MESSAGE_BYTES + 1)];
+            let text = String::from_utf8_lossy(start);
             Status::failure(
                 &crate::untrusted::excerpt(text.trim(), MAX_REFUSAL_MESSAGE_BYTES),
                 "Failed to parse error data",
@@ -253,6 +254,7 @@ mod tests {
         assert_eq!(cut.code, 500);
         let page = refusal_status(502, "<html>bad gateway</html>".repeat(1000).as_bytes());
         assert!(page.message.starts_with("<html>bad gateway</html>"));
+        assert!(page.message.ends_with('…'), "marked as cut");
         assert!(page.message.len() <= MAX_REFUSAL_MESSAGE_BYTES + '…'.len_utf8());
         assert_eq!(
             (page.code, page.reason.as_str()),

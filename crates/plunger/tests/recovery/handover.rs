@@ -3,6 +3,30 @@
 
 use super::*;
 
+/// The bounds on what reading a payload may cost (SPEC §3, §5a) leave room for the largest one
+/// a Secret holds: about 900 KB of Helm's payload, 1.2 MB as the Secret's JSON carries it.
+#[tokio::test]
+async fn a_payload_as_large_as_a_secret_holds_is_handed_over() -> Result<()> {
+    let w = world("handover-large").await?;
+    w.stuck_release("web", &[(1, "superseded")]).await?;
+    let size =
+        w.ns.create_large_storage_secret("web", 2, "uninstalling", 900_000)
+            .await?;
+    assert!(size > 800_000, "a payload of {size} bytes");
+    w.leave_our_suspension("web").await?;
+    w.delete("web").await?;
+    assert_eq!(
+        w.hc.handle("web").await?,
+        Handled::UninstallSkippedBecauseSuspended
+    );
+
+    assert_eq!(
+        w.reconciler().reconcile(&w.ns.name, "web").await?,
+        Outcome::HandedOver { revision: 2 }
+    );
+    Ok(())
+}
+
 #[tokio::test]
 async fn the_history_is_handed_over_in_one_status_write_locked_on_the_read_and_before_the_lift()
 -> Result<()> {
