@@ -334,6 +334,9 @@ impl Reconciler {
                 key: format!("{namespace}/{name}"),
                 source,
             })?;
+        if object.is_none() {
+            self.storage_gone(namespace, name);
+        }
         Ok(object.map(|o| self.view(&o)))
     }
 

@@ -30,6 +30,8 @@ pub(super) enum Unreached {
 
 /// Storage steps of one release that have failed on every try since.
 pub(super) struct StorageFailure {
+    /// The release's namespace/name: a pass that finds it gone forgets it.
+    pub(super) key: String,
     pub(super) since: Instant,
     pub(super) last: String,
 }
@@ -150,6 +152,7 @@ impl Reconciler {
         let failure = failures
             .entry(release.uid.clone())
             .or_insert_with(|| StorageFailure {
+                key: release.key(),
                 since: Instant::now(),
                 last: String::new(),
             });
@@ -163,6 +166,25 @@ impl Reconciler {
             .lock()
             .expect("storage failure map poisoned")
             .remove(&release.uid);
+    }
+
+    /// Forgets the storage failures of a release found gone: nothing else
+    /// would, as no read of its storage will succeed again.
+    pub(super) fn storage_gone(&self, namespace: &str, name: &str) {
+        let key = format!("{namespace}/{name}");
+        self.storage_failures
+            .lock()
+            .expect("storage failure map poisoned")
+            .retain(|_, failure| failure.key != key);
+    }
+
+    /// How many releases' storage failures are remembered (each only while
+    /// its storage fails and the release is there).
+    pub fn remembered_storage_failures(&self) -> usize {
+        self.storage_failures
+            .lock()
+            .expect("storage failure map poisoned")
+            .len()
     }
 
     /// A client of the cluster the release is installed in (and its storage

@@ -135,8 +135,6 @@ async fn a_remote_cluster_that_cannot_be_used_is_skipped_with_a_warning() -> Res
 
 #[tokio::test]
 async fn a_kubeconfig_secret_that_cannot_be_read_is_retried_not_called_unusable() -> Result<()> {
-    use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
-    use kube::api::{Api, PostParams};
     let w = world("remote-unreadable").await?;
     w.ns.create_release(
         "web",
@@ -148,6 +146,36 @@ async fn a_kubeconfig_secret_that_cannot_be_read_is_retried_not_called_unusable(
     w.ns.mark_stuck("web").await?;
     // flux-plunger's identity may read releases but, for now, no Secret: the
     // read fails, as it would while the apiserver is unreachable.
+    let reconciler = reconciler_that_may_read_no_secret(&w).await?;
+    let before = w.get("web").await?.unwrap();
+
+    let err = reconciler
+        .reconcile(&w.ns.name, "web")
+        .await
+        .expect_err("an unreadable Secret is an error, retried with backoff");
+
+    assert_eq!(err.kind(), "read_kubeconfig", "{err}");
+    assert_eq!(err.api_code(), Some(403), "{err}");
+    assert_eq!(
+        w.get("web").await?.unwrap().metadata.resource_version,
+        before.metadata.resource_version,
+        "nothing written"
+    );
+    assert!(
+        w.ns.events_for("web")
+            .await?
+            .iter()
+            .all(|e| e.reason != "RemoteClusterUnusable"),
+        "not called unusable"
+    );
+    Ok(())
+}
+
+/// A reconciler acting as an identity that may read and patch releases and
+/// record events, but read no Secret.
+async fn reconciler_that_may_read_no_secret(w: &World) -> Result<Reconciler> {
+    use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+    use kube::api::{Api, PostParams};
     let role: Role = serde_json::from_value(json!({
         "metadata": {"name": "plunger"},
         "rules": [
@@ -169,31 +197,43 @@ async fn a_kubeconfig_secret_that_cannot_be_read_is_retried_not_called_unusable(
     let client = control_plane()
         .service_account_client(&w.client, &w.ns.name, "plunger")
         .await?;
-    let reconciler = Reconciler::new(
+    Ok(Reconciler::new(
         client.clone(),
         Events::new(client, "flux-plunger", None),
         Timings::default(),
-    );
-    let before = w.get("web").await?.unwrap();
+    ))
+}
 
+/// A deleted release whose storage cannot be read has its failures
+/// remembered (they count towards giving up); a tenant taking the fence off
+/// makes it gone, and the pass that finds it gone forgets them, or the
+/// controller would keep one entry for every such release ever deleted.
+#[tokio::test]
+async fn the_storage_failures_of_a_release_found_gone_are_forgotten() -> Result<()> {
+    let w = world("remote-forgotten").await?;
+    let _remote = deleted_in_a_remote_cluster(&w).await?;
+    let reconciler = reconciler_that_may_read_no_secret(&w).await?;
     let err = reconciler
         .reconcile(&w.ns.name, "web")
         .await
-        .expect_err("an unreadable Secret is an error, retried with backoff");
-
+        .expect_err("the kubeconfig Secret cannot be read");
     assert_eq!(err.kind(), "read_kubeconfig", "{err}");
-    assert_eq!(err.api_code(), Some(403), "{err}");
-    assert_eq!(
-        w.get("web").await?.unwrap().metadata.resource_version,
-        before.metadata.resource_version,
-        "nothing written"
-    );
+    assert_eq!(reconciler.remembered_storage_failures(), 1);
+
+    testkit::strip_fences(&w.ns).await?;
     assert!(
-        w.ns.events_for("web")
-            .await?
-            .iter()
-            .all(|e| e.reason != "RemoteClusterUnusable"),
-        "not called unusable"
+        w.get("web").await?.is_none(),
+        "gone with its last finalizer"
+    );
+
+    assert_eq!(
+        reconciler.reconcile(&w.ns.name, "web").await?,
+        Outcome::Gone
+    );
+    assert_eq!(
+        reconciler.remembered_storage_failures(),
+        0,
+        "forgotten once found gone"
     );
     Ok(())
 }
@@ -301,14 +341,7 @@ async fn a_kubeconfig_secret_gone_for_a_moment_holds_the_fence_of_a_deleted_rele
     use k8s_openapi::api::core::v1::Secret;
     use kube::api::PostParams;
     let w = world("remote-rotated").await?;
-    let (_remote, _remote_ns) =
-        stuck_in_a_remote_cluster(&w, &[(1, "superseded"), (2, "uninstalling")]).await?;
-    w.ns.apply_as_flux_plunger("web", false).await?;
-    w.delete("web").await?;
-    assert_eq!(
-        w.hc.handle("web").await?,
-        Handled::NothingRecordedToUninstall
-    );
+    let _remote = deleted_in_a_remote_cluster(&w).await?;
     let mut kubeconfig: Secret = w.ns.secrets().get("remote-kubeconfig").await?;
     w.ns.secrets()
         .delete("remote-kubeconfig", &DeleteParams::default())
@@ -337,4 +370,20 @@ async fn a_kubeconfig_secret_gone_for_a_moment_holds_the_fence_of_a_deleted_rele
     );
     testkit::strip_fences(&w.ns).await?;
     Ok(())
+}
+
+/// Release `web` of `w`, stuck in a remote cluster (v1 superseded, v2
+/// uninstalling there), fenced by flux-plunger, then deleted: helm-controller
+/// found nothing recorded to uninstall. Returns the remote cluster, running
+/// while it lives.
+async fn deleted_in_a_remote_cluster(w: &World) -> Result<testkit::ControlPlane> {
+    let (remote, _remote_ns) =
+        stuck_in_a_remote_cluster(w, &[(1, "superseded"), (2, "uninstalling")]).await?;
+    w.ns.apply_as_flux_plunger("web", false).await?;
+    w.delete("web").await?;
+    assert_eq!(
+        w.hc.handle("web").await?,
+        Handled::NothingRecordedToUninstall
+    );
+    Ok(remote)
 }
