@@ -20,7 +20,8 @@
 //!   single writer), [`events`] (Kubernetes Events), [`notify`] (Flux's
 //!   notification-controller), `remote` (storage in a remote cluster),
 //!   [`release::api`] (fetching and listing releases), [`storage::api`] and
-//!   `storage::reach` (Helm's storage, and whether a release may reach it).
+//!   `storage::reach` (Helm's storage, and whether a release may reach it),
+//!   `bounded` (requests whose answers a tenant shapes, read to a bound).
 //! - **The process**: [`cli`] (the flag groups the binaries share), `logs`
 //!   (Flux's JSON log lines), [`error`] (the one error type), [`test_hooks`]
 //!   (test-only knobs).
@@ -43,6 +44,7 @@ pub(crate) mod untrusted;
 
 // Carrying them out: the modules that talk to the apiserver.
 pub mod apply;
+pub(crate) mod bounded;
 pub mod client;
 pub mod drain;
 pub mod events;

@@ -6,48 +6,20 @@
 //! must cost a bounded amount to read, however it is shaped.
 //!
 //! Each test measures this process's peak resident memory over one
-//! reconcile (`VmHWM`, reset through `/proc/self/clear_refs`), so they take
-//! turns, and live in a test binary of their own.
+//! reconcile (`testkit::peak_memory`), so they take turns, and live in a
+//! test binary of their own.
 
-use std::sync::LazyLock;
-
-use anyhow::{Context as _, Result};
+use anyhow::Result;
 use bytes::Bytes;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::PostParams;
 use plunger::reconcile::Outcome;
 use serde_json::json;
-use testkit::{FaultPlan, FaultProxy, Hold, Verb, World};
+use testkit::{FaultPlan, FaultProxy, Hold, Verb, World, peak_memory};
 
 /// The most one reconcile may add to this process's peak memory here: an
 /// answer is read to at most 32 MiB, and what is decoded of it is small.
 const MAX_GROWTH_BYTES: u64 = 96 * 1024 * 1024;
-
-/// One test at a time: the peak is the whole process's.
-static TURNS: LazyLock<tokio::sync::Mutex<()>> = LazyLock::new(Default::default);
-
-/// `field` of /proc/self/status, in bytes.
-fn memory(field: &str) -> Result<u64> {
-    let status = std::fs::read_to_string("/proc/self/status")?;
-    let kib = status
-        .lines()
-        .find_map(|line| line.strip_prefix(field)?.strip_prefix(':'))
-        .and_then(|rest| rest.trim().strip_suffix("kB")?.trim().parse::<u64>().ok())
-        .with_context(|| format!("no {field} in /proc/self/status"))?;
-    Ok(kib * 1024)
-}
-
-/// How much `work` raises this process's peak resident memory above what it
-/// holds as `work` starts.
-async fn growth<T>(work: impl Future<Output = T>) -> Result<(T, u64)> {
-    // Linux resets the peak (VmHWM) to the present size on "5".
-    std::fs::write("/proc/self/clear_refs", "5").context("resetting the peak memory")?;
-    let before = memory("VmRSS")?;
-    let done = work.await;
-    let grown = memory("VmHWM")?.saturating_sub(before);
-    eprintln!("the peak memory grew by {} KiB", grown / 1024);
-    Ok((done, grown))
-}
 
 /// A stuck release whose kubeconfig Secret names `proxy` (in front of this
 /// control plane, as the admin) as its cluster, with a real stuck storage
@@ -81,7 +53,7 @@ fn repeated(head: &str, item: &str, tail: &str, bytes: usize) -> Bytes {
 /// costs less than [`MAX_GROWTH_BYTES`]. The error, as the reconcile reports
 /// it, is returned.
 async fn answered_by_a_hostile_server(prefix: &str, code: u16, body: Bytes) -> Result<String> {
-    let _turn = TURNS.lock().await;
+    let _turn = peak_memory::turn().await;
     let w = World::create(prefix).await?;
     let proxy = FaultProxy::in_front_of_control_plane(FaultPlan::none(0).holding(Hold::answering(
         Verb::List,
@@ -94,7 +66,7 @@ async fn answered_by_a_hostile_server(prefix: &str, code: u16, body: Bytes) -> R
     let before = w.view("web").await?;
 
     let reconciler = w.reconciler();
-    let (reconciled, grown) = growth(reconciler.reconcile(&w.ns.name, "web")).await?;
+    let (reconciled, grown) = peak_memory::growth(reconciler.reconcile(&w.ns.name, "web")).await?;
 
     let err = reconciled.expect_err("the storage cannot be read from this answer");
     assert!(
@@ -167,7 +139,7 @@ async fn a_remote_refusal_with_endless_details_is_read_as_its_code_and_the_start
 
 #[tokio::test]
 async fn storage_secrets_carrying_megabytes_of_labels_cost_only_the_labels_of_helm() -> Result<()> {
-    let _turn = TURNS.lock().await;
+    let _turn = peak_memory::turn().await;
     let w = World::create("hostile-labels").await?;
     // Labels have no limit in number, only the object's size does: about a
     // megabyte each, sixty Secrets a tenant may write in its own namespace,
@@ -201,7 +173,7 @@ async fn storage_secrets_carrying_megabytes_of_labels_cost_only_the_labels_of_he
     w.ns.mark_stuck("web").await?;
 
     let reconciler = w.reconciler();
-    let (outcome, grown) = growth(reconciler.reconcile(&w.ns.name, "web")).await?;
+    let (outcome, grown) = peak_memory::growth(reconciler.reconcile(&w.ns.name, "web")).await?;
 
     assert_eq!(outcome?, Outcome::Recovered { revision: 61 });
     assert!(

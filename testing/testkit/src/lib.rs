@@ -29,6 +29,7 @@ pub mod fixtures;
 pub mod guard;
 pub mod helm_controller;
 pub mod node;
+pub mod peak_memory;
 pub mod process;
 pub mod seeded;
 pub mod started;

@@ -18,20 +18,18 @@
 //! kind into only what is used (`crate::untrusted`); a refusal keeps its
 //! code, reason and the start of its message.
 
-use bytes::Bytes;
-use http_body_util::{BodyExt, Limited};
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{DeleteParams, GetParams, ListParams, Preconditions};
-use kube::client::Body;
-use kube::core::{Request, Status};
+use kube::core::Request;
 use kube::{Client, Resource};
 use serde::Deserialize;
-use serde::de::{DeserializeOwned, IgnoredAny};
+use serde::de::IgnoredAny;
 
+use crate::bounded;
 use crate::history::HistorySnapshot;
 use crate::names::{HELM_STORAGE_NAME_LABEL, HELM_STORAGE_OWNER_LABEL, HELM_STORAGE_SECRET_TYPE};
 use crate::storage::view::{ListedSecret, StorageLocation, StorageRevision};
-use crate::untrusted::{Excerpt, List, Object, Text};
+use crate::untrusted::{List, Object, Text};
 
 /// The most of one answer read. An honest answer is at most a page of
 /// [`STORAGE_PAGE_SIZE`] Secrets' metadata, or one Secret: an object is at
@@ -56,7 +54,8 @@ pub async fn list_storage(
         let request = secrets
             .list_metadata(&params)
             .map_err(kube::Error::BuildRequest)?;
-        let Object(page) = send_bounded::<Object<StoragePage>>(client, request).await?;
+        let Object(page) =
+            bounded::send::<Object<StoragePage>>(client, request, MAX_ANSWER_BYTES).await?;
         listed.extend(page.items.map(|List(items)| items).unwrap_or_default());
         match page.metadata.and_then(|Object(meta)| meta.continue_) {
             Some(Text(token)) if !token.is_empty() => params = params.continue_token(&token),
@@ -126,7 +125,8 @@ pub(crate) async fn read_snapshot(
     let request = Request::new(Secret::url_path(&(), Some(&revision.namespace)))
         .get(&revision.name, &GetParams::default())
         .map_err(kube::Error::BuildRequest)?;
-    let Object(secret) = send_bounded::<Object<PayloadSecret>>(client, request).await?;
+    let Object(secret) =
+        bounded::send::<Object<PayloadSecret>>(client, request, MAX_ANSWER_BYTES).await?;
     let Some(Text(value)) = secret.data.and_then(|Object(data)| data.release) else {
         return Ok(Err("the Secret holds no release".to_owned()));
     };
@@ -158,109 +158,13 @@ pub(crate) async fn delete_revision(
         .delete(&revision.name, &params)
         .map_err(kube::Error::BuildRequest)?;
     // What the delete answers (the Secret, or a Status) is not needed.
-    send_bounded::<IgnoredAny>(client, request).await?;
+    bounded::send::<IgnoredAny>(client, request, MAX_ANSWER_BYTES).await?;
     Ok(())
-}
-
-/// The most of a refusal's message kept.
-const MAX_REFUSAL_MESSAGE_BYTES: usize = 1024;
-
-/// Sends `request` and decodes its answer as `T`, reading at most
-/// [`MAX_ANSWER_BYTES`]. A refusal (4xx, 5xx) is `kube::Error::Api`, as
-/// kube's own requests answer it, with its message cut to
-/// [`MAX_REFUSAL_MESSAGE_BYTES`] and its details unread.
-async fn send_bounded<T: DeserializeOwned>(
-    client: &Client,
-    request: http::Request<Vec<u8>>,
-) -> kube::Result<T> {
-    let response = client.send(request.map(Body::from)).await?;
-    let code = response.status();
-    let answer = read_at_most(response.into_body(), MAX_ANSWER_BYTES).await?;
-    if code.is_client_error() || code.is_server_error() {
-        return Err(kube::Error::Api(
-            refusal_status(code.as_u16(), &answer).boxed(),
-        ));
-    }
-    serde_json::from_slice(&answer).map_err(kube::Error::SerdeError)
-}
-
-/// The body, whole, if it is at most `max` bytes.
-async fn read_at_most(body: Body, max: usize) -> kube::Result<Bytes> {
-    match Limited::new(body, max).collect().await {
-        Ok(collected) => Ok(collected.to_bytes()),
-        Err(err) if err.is::<http_body_util::LengthLimitError>() => Err(kube::Error::Service(
-            format!("the answer is larger than {max} bytes, more than any honest answer").into(),
-        )),
-        Err(err) => Err(match err.downcast::<kube::Error>() {
-            Ok(err) => *err,
-            Err(other) => kube::Error::Service(other),
-        }),
-    }
-}
-
-/// A refusal's Status, as far as it is read.
-#[derive(Deserialize)]
-struct Refusal {
-    message: Option<Excerpt<MAX_REFUSAL_MESSAGE_BYTES>>,
-    reason: Option<Excerpt<128>>,
-}
-
-/// The Status of a refusal answered `code`: its message and reason, when the
-/// answer is one; else the start of the answer, as kube reads an answer that
-/// is no Status (a proxy's page).
-fn refusal_status(code: u16, answer: &[u8]) -> Status {
-    match serde_json::from_slice::<Object<Refusal>>(answer) {
-        Ok(Object(refusal)) => Status::failure(
-            &refusal.message.map(|m| m.0).unwrap_or_default(),
-            &refusal.reason.map(|r| r.0).unwrap_or_default(),
-        ),
-        Err(_) => {
-            // One byte past the excerpt, so that it is marked as cut.
-            let start = &answer[..answer.len().min(MAX_REFUSAL_MESSAGE_BYTES + 1)];
-            let text = String::from_utf8_lossy(start);
-            Status::failure(
-                &crate::untrusted::excerpt(text.trim(), MAX_REFUSAL_MESSAGE_BYTES),
-                "Failed to parse error data",
-            )
-        }
-    }
-    .with_code(code)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_refusal_keeps_its_code_reason_and_the_start_of_its_message() {
-        let forbidden = refusal_status(
-            403,
-            br#"{"kind":"Status","code":403,"reason":"Forbidden","message":"secrets is forbidden","details":{"causes":[{}]}}"#,
-        );
-        assert_eq!(
-            (
-                forbidden.code,
-                forbidden.reason.as_str(),
-                forbidden.message.as_str()
-            ),
-            (403, "Forbidden", "secrets is forbidden")
-        );
-        let long = format!(r#"{{"message":"{}"}}"#, "no ".repeat(1000));
-        let cut = refusal_status(500, long.as_bytes());
-        assert_eq!(
-            cut.message.len(),
-            MAX_REFUSAL_MESSAGE_BYTES + '…'.len_utf8()
-        );
-        assert_eq!(cut.code, 500);
-        let page = refusal_status(502, "<html>bad gateway</html>".repeat(1000).as_bytes());
-        assert!(page.message.starts_with("<html>bad gateway</html>"));
-        assert!(page.message.ends_with('…'), "marked as cut");
-        assert!(page.message.len() <= MAX_REFUSAL_MESSAGE_BYTES + '…'.len_utf8());
-        assert_eq!(
-            (page.code, page.reason.as_str()),
-            (502, "Failed to parse error data")
-        );
-    }
 
     #[test]
     fn storage_is_listed_by_type_and_labels() {
