@@ -2,11 +2,16 @@
 //! listings, page by page, of every release, of the fenced ones, and of those
 //! an older flux-plunger fenced without the label.
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ListMeta;
 use kube::Client;
-use kube::api::DynamicObject;
+use kube::api::{DynamicObject, ListParams, ObjectMeta};
+use kube::core::Request;
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
 
 use std::collections::HashSet;
 
+use crate::bounded;
 use crate::install::{FenceHolder, Install};
 use crate::names::{FENCE_FINALIZER, FENCE_LABEL};
 use crate::release::listed::ListedRelease;
@@ -135,30 +140,20 @@ pub async fn list_in_pages<T>(
     mut keep: impl FnMut(ReleaseView) -> Option<T>,
 ) -> kube::Result<Vec<T>> {
     let mut kept = Vec::new();
-    for api in scope.apis::<ListedRelease>(client) {
-        let mut params = scope.list_params(page_size);
-        loop {
-            let page = api.list(&params).await?;
-            kept.extend(
-                page.items
-                    .iter()
-                    .map(|listed| ReleaseView::from_object(&listed.0))
-                    .filter_map(&mut keep),
-            );
-            match next_page_token(page.metadata.continue_) {
-                Some(token) => params = params.continue_token(&token),
-                None => break,
-            }
-        }
+    for api in scope.apis::<DynamicObject>(client) {
+        let params = scope.list_params(page_size);
+        list_bounded(
+            client,
+            api.resource_url(),
+            params,
+            Listing::Whole,
+            |listed: ListedRelease| {
+                kept.extend(keep(ReleaseView::from_object(&listed.0)));
+            },
+        )
+        .await?;
     }
     Ok(kept)
-}
-
-/// The token that asks for the page after this one, `None` on the last. The
-/// last page carries an empty (or no) `continue`: following an empty token
-/// would list from the start again, forever.
-fn next_page_token(continue_: Option<String>) -> Option<String> {
-    continue_.filter(|token| !token.is_empty())
 }
 
 /// `namespace/name` of the HelmReleases in `scope` that carry the fence
@@ -168,32 +163,110 @@ pub async fn list_unlabelled_fences(
     client: &Client,
     scope: &Scope,
 ) -> kube::Result<Vec<(String, String)>> {
+    #[derive(Deserialize)]
+    struct MetadataOnly {
+        #[serde(default)]
+        metadata: ObjectMeta,
+    }
     let mut found = Vec::new();
     let unlabelled = scope.narrowed(&format!("!{FENCE_LABEL}"));
     for api in unlabelled.apis::<DynamicObject>(client) {
-        let mut params = unlabelled.list_params(LIST_PAGE_SIZE);
-        loop {
-            let page = api.list_metadata(&params).await?;
-            found.extend(page.items.into_iter().filter_map(|item| {
+        let params = unlabelled.list_params(LIST_PAGE_SIZE);
+        list_bounded(
+            client,
+            api.resource_url(),
+            params,
+            Listing::Metadata,
+            |item: MetadataOnly| {
                 let meta = item.metadata;
-                meta.finalizers
-                    .as_ref()?
+                if meta
+                    .finalizers
                     .iter()
+                    .flatten()
                     .any(|f| f == FENCE_FINALIZER)
-                    .then(|| {
-                        (
-                            meta.namespace.unwrap_or_default(),
-                            meta.name.unwrap_or_default(),
-                        )
-                    })
-            }));
-            match next_page_token(page.metadata.continue_) {
-                Some(token) => params = params.continue_token(&token),
-                None => break,
-            }
-        }
+                {
+                    found.push((
+                        meta.namespace.unwrap_or_default(),
+                        meta.name.unwrap_or_default(),
+                    ));
+                }
+            },
+        )
+        .await?;
     }
     Ok(found)
+}
+
+/// The most of one page's answer read. A release is at most 1.5 MiB (etcd's
+/// limit), but a page of them is what its writers made it: a tenant's
+/// hundred releases of a megabyte of values each would be 150 MB, which
+/// kube's client holds whole and copies before it is decoded, past the
+/// drain's and the sweep's memory limits. A page past the bound is asked
+/// for again with half as many releases ([`shorter`]).
+const MAX_PAGE_BYTES: usize = 16 * 1024 * 1024;
+
+/// What a listing reads of each release.
+#[derive(Clone, Copy)]
+enum Listing {
+    /// The whole object (decoded without its values, [`ListedRelease`]).
+    Whole,
+    /// Its metadata alone (a `PartialObjectMetadataList`).
+    Metadata,
+}
+
+/// One page of a listing: its items, and the token of the next.
+#[derive(Deserialize)]
+struct Page<K> {
+    #[serde(default)]
+    metadata: ListMeta,
+    items: Option<Vec<K>>,
+}
+
+/// Hands `take` every item listed at `url_path` with `params`, page by
+/// page, each answer read to at most [`MAX_PAGE_BYTES`].
+async fn list_bounded<K: DeserializeOwned>(
+    client: &Client,
+    url_path: &str,
+    mut params: ListParams,
+    listing: Listing,
+    mut take: impl FnMut(K),
+) -> kube::Result<()> {
+    let path = Request::new(url_path);
+    loop {
+        let request = match listing {
+            Listing::Whole => path.list(&params),
+            Listing::Metadata => path.list_metadata(&params),
+        }
+        .map_err(kube::Error::BuildRequest)?;
+        let page: Page<K> = match bounded::send(client, request, MAX_PAGE_BYTES).await {
+            Err(err) if bounded::is_too_large(&err) => match shorter(params.limit) {
+                Some(limit) => {
+                    params.limit = Some(limit);
+                    continue;
+                }
+                None => return Err(err),
+            },
+            page => page?,
+        };
+        page.items.into_iter().flatten().for_each(&mut take);
+        match next_page_token(page.metadata.continue_) {
+            Some(token) => params = params.continue_token(&token),
+            None => return Ok(()),
+        }
+    }
+}
+
+/// The page size to ask for again when a page's answer passed its bound:
+/// half, while a page can hold fewer; `None` when it held one release.
+fn shorter(limit: Option<u32>) -> Option<u32> {
+    limit.filter(|&limit| limit > 1).map(|limit| limit / 2)
+}
+
+/// The token that asks for the page after this one, `None` on the last. The
+/// last page carries an empty (or no) `continue`: following an empty token
+/// would list from the start again, forever.
+fn next_page_token(continue_: Option<String>) -> Option<String> {
+    continue_.filter(|token| !token.is_empty())
 }
 
 /// Every fenced HelmRelease `install` settles: those of [`list_fenced`], and those an older flux-plunger fenced without
@@ -231,6 +304,36 @@ mod tests {
         );
         assert_eq!(next_page_token(Some(String::new())), None);
         assert_eq!(next_page_token(None), None);
+    }
+
+    #[test]
+    fn a_page_past_its_bound_is_asked_for_again_half_as_long_down_to_one_release() {
+        assert_eq!(shorter(Some(100)), Some(50));
+        assert_eq!(shorter(Some(3)), Some(1));
+        assert_eq!(shorter(Some(2)), Some(1));
+        assert_eq!(
+            shorter(Some(1)),
+            None,
+            "one release past the bound is an error"
+        );
+        assert_eq!(shorter(None), None);
+    }
+
+    #[test]
+    fn a_page_is_read_for_its_items_and_its_continue_token() {
+        let page: Page<ListedRelease> = serde_json::from_value(serde_json::json!({
+            "kind": "HelmReleaseList",
+            "metadata": {"continue": "next", "resourceVersion": "7"},
+            "items": [{"metadata": {"name": "web"}, "spec": {"values": {"big": "x"}, "chart": {}}}],
+        }))
+        .unwrap();
+        assert_eq!(page.metadata.continue_.as_deref(), Some("next"));
+        let items = page.items.unwrap();
+        assert_eq!(items[0].0.metadata.name.as_deref(), Some("web"));
+        assert!(items[0].0.data.pointer("/spec/values").is_none());
+        let empty: Page<ListedRelease> =
+            serde_json::from_value(serde_json::json!({"items": null})).unwrap();
+        assert!(empty.items.is_none());
     }
 
     #[test]
